@@ -1,0 +1,1 @@
+"""Control API for environments and orchestrators: rollouts, rewards, finish."""

@@ -1,0 +1,1 @@
+"""OpenAI-compatible agent API: capture of engine tokens on the way through."""

@@ -1,0 +1,1 @@
+"""The durable store: schema, token packing, group-commit writer and reads."""

@@ -1,0 +1,115 @@
+"""Tables of the store: the single definition shared by the gateway, `trainer_client` and the migrations.
+
+Time columns are seconds since the Unix epoch (float) so that durations are plain subtractions in SQLite and
+PostgreSQL alike. Token columns hold packed arrays (see `gateway.store.tokens`). A turn stores only what is
+new against its parent turn: `prefix_tokens` ids are shared with the parent's prompt + completion and
+`prompt_ids` holds the rest; `prefix_messages` messages are shared with the parent's request and `messages`
+holds the rest. Storage therefore grows linearly with the length of a rollout, not with its square.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import BYTEA, JSONB
+
+ROLLOUT_RUNNING = "running"
+ROLLOUT_FINISHED_STATUSES = ("completed", "failed", "truncated", "aborted")
+TURN_OK = "ok"
+TURN_ERROR = "error"
+TURN_CANCELLED = "cancelled"
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+Blob = LargeBinary().with_variant(BYTEA(), "postgresql")
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+rollouts = Table(
+    "rollouts",
+    metadata,
+    Column("rollout_id", String(128), primary_key=True),
+    Column("group_id", String(128), nullable=False),
+    Column("task_id", String(256)),
+    Column("metadata", Json, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("reward", Float),
+    Column("reward_components", Json),
+    Column("created_at", Float, nullable=False),
+    Column("finished_at", Float),
+    Index("ix_rollouts_group_id", "group_id"),
+    Index("ix_rollouts_status", "status"),
+)
+
+turns = Table(
+    "turns",
+    metadata,
+    Column("turn_id", BigId, primary_key=True, autoincrement=True),
+    Column("rollout_id", String(128), ForeignKey("rollouts.rollout_id"), nullable=False),
+    Column("turn_index", Integer, nullable=False),
+    Column("endpoint", String(16), nullable=False),
+    Column("model", String(256)),
+    Column("stream", Boolean, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("error", Text),
+    Column("http_status", Integer),
+    Column("backend", String(256)),
+    Column("policy_version", String(64)),
+    # What the agent asked: new messages (or a completions prompt), tools and every other request field.
+    Column("prefix_messages", Integer, nullable=False),
+    Column("messages", Json),
+    Column("prompt_text", Text),
+    Column("tools", Json),
+    Column("params", Json),
+    # What the model answered, as the agent saw it.
+    Column("content", Text),
+    Column("reasoning", Text),
+    Column("tool_calls", Json),
+    Column("finish_reason", String(32)),
+    # Exact engine tokens.
+    Column("parent_turn", Integer),
+    Column("prefix_tokens", Integer, nullable=False),
+    Column("prompt_ids", Blob, nullable=False),
+    Column("completion_ids", Blob, nullable=False),
+    Column("completion_logprobs", Blob, nullable=False),
+    Column("prompt_tokens", Integer, nullable=False),
+    Column("completion_tokens", Integer, nullable=False),
+    # Timings.
+    Column("started_at", Float, nullable=False),
+    Column("first_token_at", Float),
+    Column("finished_at", Float, nullable=False),
+    UniqueConstraint("rollout_id", "turn_index", name="uq_turns_rollout_id_turn_index"),
+)
+
+rewards = Table(
+    "rewards",
+    metadata,
+    Column("reward_id", BigId, primary_key=True, autoincrement=True),
+    Column("rollout_id", String(128), ForeignKey("rollouts.rollout_id"), nullable=False),
+    Column("turn_index", Integer),
+    Column("value", Float, nullable=False),
+    Column("components", Json),
+    Column("created_at", Float, nullable=False),
+    Index("ix_rewards_rollout_id", "rollout_id"),
+)

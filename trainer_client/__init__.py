@@ -1,0 +1,1 @@
+"""Reads step-wise training samples from the gateway store."""
