@@ -1,0 +1,105 @@
+"""Engines for SQLite and PostgreSQL, and schema upgrades through the Alembic migrations."""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine, make_url
+
+log = logging.getLogger(__name__)
+
+
+def normalize_url(url: str) -> str:
+    """Accept plain `postgresql://` / `postgres://` URLs and use the psycopg 3 driver for them."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+    url = normalize_url(url)
+    if is_sqlite(url):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        _configure_sqlite(engine)
+        return engine
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL for concurrent readers, full fsync on commit, and real transactions (savepoints included).
+
+    Python's sqlite3 module manages BEGIN itself in a way that breaks SAVEPOINT; the driver's implicit
+    transactions are switched off and SQLAlchemy emits BEGIN instead.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN")
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("gateway.migrations")))
+    config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return config
+
+
+def head_revision() -> str:
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head() or ""
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            config = alembic_config(url)
+            config.attributes["connection"] = conn
+            command.upgrade(config, revision)
+    finally:
+        engine.dispose()
+
+
+class SchemaMismatch(RuntimeError):
+    pass
+
+
+def ensure_schema(url: str) -> None:
+    """Upgrade an empty database; refuse one at another revision (that is `gateway db upgrade`'s job)."""
+    engine = make_engine(url)
+    try:
+        current = current_revision(engine)
+    finally:
+        engine.dispose()
+    head = head_revision()
+    if current is None:
+        log.info("empty database: creating the schema (revision %s)", head)
+        upgrade(url)
+    elif current != head:
+        raise SchemaMismatch(
+            f"database is at schema revision {current}, this gateway needs {head}: run `gateway db upgrade --db URL`"
+        )
