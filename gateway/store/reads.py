@@ -1,0 +1,67 @@
+"""Reading rollouts back, with each turn's full prompt rebuilt from its delta."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from gateway.store import schema
+from gateway.store.chain import rebuild
+from gateway.store.tokens import unpack_ids, unpack_logprobs
+
+_TURN_FIELDS = (
+    "status", "error", "http_status", "endpoint", "model", "stream", "backend", "policy_version",
+    "content", "reasoning", "tool_calls", "finish_reason", "parent_turn", "prefix_tokens",
+    "prompt_tokens", "completion_tokens", "started_at", "first_token_at", "finished_at",
+)
+
+
+def rollout_status(conn: Connection, rollout_id: str) -> str | None:
+    r = schema.rollouts
+    return conn.execute(select(r.c.status).where(r.c.rollout_id == rollout_id)).scalar()
+
+
+def get_rollout(
+    conn: Connection, rollout_id: str, *, include_tokens: bool = False, include_messages: bool = False
+) -> dict[str, Any] | None:
+    r, t, w = schema.rollouts, schema.turns, schema.rewards
+    row = conn.execute(select(r).where(r.c.rollout_id == rollout_id)).mappings().first()
+    if row is None:
+        return None
+    turn_rows = conn.execute(select(t).where(t.c.rollout_id == rollout_id).order_by(t.c.turn_index)).mappings().all()
+    reward_rows = conn.execute(
+        select(w.c.turn_index, w.c.value, w.c.components, w.c.created_at)
+        .where(w.c.rollout_id == rollout_id)
+        .order_by(w.c.reward_id)
+    ).mappings().all()
+    full = rebuild(turn_rows) if include_tokens or include_messages else {}
+    turns = []
+    for turn in turn_rows:
+        item: dict[str, Any] = {"index": turn["turn_index"]}
+        item.update({name: turn[name] for name in _TURN_FIELDS})
+        item["latency_s"] = turn["finished_at"] - turn["started_at"]
+        if include_tokens:
+            item["prompt_token_ids"] = full[turn["turn_index"]].prompt_ids.tolist()
+            item["completion_token_ids"] = unpack_ids(turn["completion_ids"]).tolist()
+            item["completion_logprobs"] = unpack_logprobs(turn["completion_logprobs"]).tolist()
+        if include_messages:
+            item["messages"] = full[turn["turn_index"]].messages
+            item["prompt_text"] = turn["prompt_text"]
+            item["tools"] = turn["tools"]
+            item["params"] = turn["params"]
+        turns.append(item)
+    return {
+        "rollout_id": row["rollout_id"],
+        "group_id": row["group_id"],
+        "task_id": row["task_id"],
+        "metadata": row["metadata"],
+        "status": row["status"],
+        "reward": row["reward"],
+        "reward_components": row["reward_components"],
+        "rewards": [dict(reward) for reward in reward_rows],
+        "created_at": row["created_at"],
+        "finished_at": row["finished_at"],
+        "turns": turns,
+    }

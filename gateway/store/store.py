@@ -1,0 +1,33 @@
+"""The store as the HTTP layers see it: async writes through the group-commit writer, reads in threads."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gateway.store import reads
+from gateway.store.database import make_engine
+from gateway.store.writer import StoreWriter
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.engine = make_engine(url, pool_size=8)
+        self.writer = StoreWriter(self.engine)
+
+    async def rollout_status(self, rollout_id: str) -> str | None:
+        status = self.writer.rollout_status.get(rollout_id)
+        if status is None:
+            status = await asyncio.to_thread(self._read, reads.rollout_status, rollout_id)
+        return status
+
+    async def get_rollout(self, rollout_id: str, **options: bool) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self._read, reads.get_rollout, rollout_id, **options)
+
+    def _read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        with self.engine.connect() as conn:
+            return fn(conn, *args, **kwargs)
+
+    def close(self) -> None:
+        self.writer.close()
+        self.engine.dispose()

@@ -1,0 +1,359 @@
+"""Group commit: every write of the gateway goes through one thread that commits batches.
+
+Requests enqueue an operation and await its future. The writer thread takes everything queued, runs each
+operation in its own savepoint inside one transaction, commits once, then resolves the futures. While a
+commit (and its fsync) is in flight, new operations pile up and share the next one, so durability costs one
+commit per batch instead of one per turn and never serializes the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.engine import Connection, Engine
+
+from gateway.store import schema
+from gateway.store.chain import ChainTip, delta_against, tip_of
+from gateway.store.records import NewRollout, StoreError, TurnRecord
+from gateway.store.tokens import pack_ids, pack_logprobs
+
+log = logging.getLogger(__name__)
+
+AfterCommit = Callable[[], None] | None
+Operation = Callable[[Connection], tuple[Any, AfterCommit]]
+
+
+@dataclass
+class _Pending:
+    operation: Operation
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class _Chain:
+    last_index: int
+    tip: ChainTip | None
+
+
+class ChainCache:
+    """Chain tips of recent rollouts, bounded by the number of ids held; owned by the writer thread."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self._entries: OrderedDict[str, _Chain] = OrderedDict()
+        self._tokens = 0
+        self._max_tokens = max_tokens
+
+    def get(self, rollout_id: str) -> _Chain | None:
+        entry = self._entries.get(rollout_id)
+        if entry is not None:
+            self._entries.move_to_end(rollout_id)
+        return entry
+
+    def put(self, rollout_id: str, entry: _Chain) -> None:
+        self.drop(rollout_id)
+        self._entries[rollout_id] = entry
+        self._tokens += entry.tip.tokens if entry.tip else 0
+        while self._tokens > self._max_tokens and len(self._entries) > 1:
+            _, old = self._entries.popitem(last=False)
+            self._tokens -= old.tip.tokens if old.tip else 0
+
+    def drop(self, rollout_id: str) -> None:
+        old = self._entries.pop(rollout_id, None)
+        if old is not None and old.tip is not None:
+            self._tokens -= old.tip.tokens
+
+
+class StoreWriter:
+    def __init__(self, engine: Engine, *, max_batch: int = 512, chain_cache_tokens: int = 50_000_000) -> None:
+        self._engine = engine
+        self._max_batch = max_batch
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._chains = ChainCache(chain_cache_tokens)
+        self.rollout_status: dict[str, str] = {}
+        """Status of rollouts this process has seen, kept current by the writer after each commit."""
+        self.commits = 0
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    # -- public async API ---------------------------------------------------------------------------------
+
+    def submit(self, operation: Operation) -> asyncio.Future[Any]:
+        """Enqueue without awaiting: safe from a cancelled task (the write still happens)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.put(_Pending(operation, future, loop))
+        return future
+
+    async def insert_turn(self, record: TurnRecord) -> int:
+        return await self.submit(lambda conn: self._insert_turn(conn, record))
+
+    async def create_rollout(self, new: NewRollout) -> tuple[dict[str, Any], bool]:
+        return await self.submit(lambda conn: self._create_rollout(conn, new))
+
+    async def add_reward(
+        self, rollout_id: str, value: float, components: dict[str, float] | None, turn_index: int | None
+    ) -> None:
+        await self.submit(lambda conn: self._add_reward(conn, rollout_id, value, components, turn_index))
+
+    async def finish_rollout(
+        self, rollout_id: str, status: str, reward: float | None, components: dict[str, float] | None
+    ) -> dict[str, Any]:
+        return await self.submit(lambda conn: self._finish(conn, rollout_id, status, reward, components))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    # -- writer thread ------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < self._max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                batch.append(item)
+            self._commit(batch)
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        after: list[Callable[[], None]] = []
+        try:
+            with self._engine.connect() as conn, conn.begin():
+                for pending in batch:
+                    savepoint = conn.begin_nested()
+                    try:
+                        result, on_commit = pending.operation(conn)
+                        savepoint.commit()
+                    except Exception as exc:  # noqa: BLE001 - handed to the caller's future
+                        savepoint.rollback()
+                        outcomes.append((None, exc))
+                        continue
+                    outcomes.append((result, None))
+                    if on_commit is not None:
+                        after.append(on_commit)
+        except Exception as exc:  # noqa: BLE001 - the commit itself failed: every caller learns it
+            log.exception("store commit of %d operations failed", len(batch))
+            outcomes = [(None, exc)] * len(batch)
+            after = []
+        self.commits += 1
+        for action in after:
+            action()
+        for pending, (result, error) in zip(batch, outcomes):
+            pending.loop.call_soon_threadsafe(_resolve, pending.future, result, error)
+
+    # -- operations (run in the writer thread, inside a savepoint) ---------------------------------------
+
+    def _rollout_row(self, conn: Connection, rollout_id: str) -> dict[str, Any] | None:
+        row = conn.execute(select(schema.rollouts).where(schema.rollouts.c.rollout_id == rollout_id)).first()
+        return dict(row._mapping) if row is not None else None
+
+    def _create_rollout(self, conn: Connection, new: NewRollout) -> tuple[tuple[dict[str, Any], bool], AfterCommit]:
+        existing = self._rollout_row(conn, new.rollout_id)
+        if existing is not None:
+            for name in ("group_id", "task_id"):
+                given = getattr(new, name)
+                if given is not None and given != existing[name]:
+                    raise StoreError(
+                        409,
+                        f"rollout {new.rollout_id!r} exists with {name}={existing[name]!r}, not {given!r}",
+                        "rollout_conflict",
+                    )
+            return (existing, False), None
+        row = {
+            "rollout_id": new.rollout_id,
+            "group_id": new.group_id or new.rollout_id,
+            "task_id": new.task_id,
+            "metadata": new.metadata,
+            "status": schema.ROLLOUT_RUNNING,
+            "reward": None,
+            "reward_components": None,
+            "created_at": time.time(),
+            "finished_at": None,
+        }
+        conn.execute(insert(schema.rollouts).values(row))
+        return (row, True), lambda: self._remember(new.rollout_id, schema.ROLLOUT_RUNNING)
+
+    def _remember(self, rollout_id: str, status: str) -> None:
+        self.rollout_status[rollout_id] = status
+        if len(self.rollout_status) > 200_000:
+            for key in list(self.rollout_status)[:50_000]:
+                del self.rollout_status[key]
+
+    def _chain(self, conn: Connection, rollout_id: str) -> _Chain:
+        """The rollout's chain, from the cache when it is current, else rebuilt from the database."""
+        t = schema.turns
+        last = conn.execute(select(func.max(t.c.turn_index)).where(t.c.rollout_id == rollout_id)).scalar()
+        last_index = -1 if last is None else int(last)
+        cached = self._chains.get(rollout_id)
+        if cached is not None and cached.last_index == last_index:
+            return cached
+        if last_index < 0:
+            return _Chain(-1, None)
+        rows = conn.execute(
+            select(
+                t.c.turn_index, t.c.parent_turn, t.c.prefix_tokens, t.c.prompt_ids, t.c.completion_ids,
+                t.c.prefix_messages, t.c.messages, t.c.prompt_tokens,
+            )
+            .where(t.c.rollout_id == rollout_id)
+            .order_by(t.c.turn_index)
+        ).mappings().all()
+        return _Chain(last_index, tip_of(list(rows)))
+
+    def _insert_turn(self, conn: Connection, record: TurnRecord) -> tuple[int, AfterCommit]:
+        rollout = self._rollout_row(conn, record.rollout_id)
+        if rollout is None:
+            self._create_rollout(conn, NewRollout(record.rollout_id))
+        elif rollout["status"] != schema.ROLLOUT_RUNNING:
+            raise StoreError(409, f"rollout {record.rollout_id!r} is already {rollout['status']}", "rollout_finished")
+        chain = self._chain(conn, record.rollout_id)
+        index = chain.last_index + 1
+        delta = delta_against(chain.tip, record.prompt_ids, record.messages)
+        conn.execute(
+            insert(schema.turns).values(
+                rollout_id=record.rollout_id,
+                turn_index=index,
+                endpoint=record.endpoint,
+                model=record.model,
+                stream=record.stream,
+                status=record.status,
+                error=record.error,
+                http_status=record.http_status,
+                backend=record.backend,
+                policy_version=record.policy_version,
+                prefix_messages=delta.prefix_messages,
+                messages=delta.new_messages,
+                prompt_text=record.prompt_text,
+                tools=record.tools,
+                params=record.params,
+                content=record.content,
+                reasoning=record.reasoning,
+                tool_calls=record.tool_calls,
+                finish_reason=record.finish_reason,
+                parent_turn=delta.parent_turn,
+                prefix_tokens=delta.prefix_tokens,
+                prompt_ids=pack_ids(delta.prompt_suffix),
+                completion_ids=pack_ids(record.completion_ids),
+                completion_logprobs=pack_logprobs(record.completion_logprobs),
+                prompt_tokens=int(record.prompt_ids.shape[0]),
+                completion_tokens=int(record.completion_ids.shape[0]),
+                started_at=record.started_at,
+                first_token_at=record.first_token_at,
+                finished_at=record.finished_at,
+            )
+        )
+        tip = chain.tip
+        if record.prompt_ids.shape[0]:
+            sequence = np.concatenate([record.prompt_ids, record.completion_ids])
+            tip = ChainTip(index, sequence, record.messages)
+        rollout_id = record.rollout_id
+
+        def on_commit() -> None:
+            self._chains.put(rollout_id, _Chain(index, tip))
+            self._remember(rollout_id, schema.ROLLOUT_RUNNING)
+
+        return index, on_commit
+
+    def _require_rollout(self, conn: Connection, rollout_id: str) -> dict[str, Any]:
+        row = self._rollout_row(conn, rollout_id)
+        if row is None:
+            raise StoreError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
+        return row
+
+    def _add_reward(
+        self,
+        conn: Connection,
+        rollout_id: str,
+        value: float,
+        components: dict[str, float] | None,
+        turn_index: int | None,
+    ) -> tuple[None, AfterCommit]:
+        self._require_rollout(conn, rollout_id)
+        if turn_index is not None:
+            t = schema.turns
+            found = conn.execute(
+                select(t.c.turn_id).where(t.c.rollout_id == rollout_id, t.c.turn_index == turn_index)
+            ).first()
+            if found is None:
+                raise StoreError(404, f"rollout {rollout_id!r} has no turn {turn_index}", "turn_not_found")
+        self._write_reward(conn, rollout_id, value, components, turn_index)
+        return None, None
+
+    def _write_reward(
+        self,
+        conn: Connection,
+        rollout_id: str,
+        value: float,
+        components: dict[str, float] | None,
+        turn_index: int | None,
+    ) -> None:
+        conn.execute(
+            insert(schema.rewards).values(
+                rollout_id=rollout_id,
+                turn_index=turn_index,
+                value=value,
+                components=components,
+                created_at=time.time(),
+            )
+        )
+        if turn_index is None:
+            conn.execute(
+                update(schema.rollouts)
+                .where(schema.rollouts.c.rollout_id == rollout_id)
+                .values(reward=value, reward_components=components)
+            )
+
+    def _finish(
+        self,
+        conn: Connection,
+        rollout_id: str,
+        status: str,
+        reward: float | None,
+        components: dict[str, float] | None,
+    ) -> tuple[dict[str, Any], AfterCommit]:
+        row = self._require_rollout(conn, rollout_id)
+        if row["status"] != schema.ROLLOUT_RUNNING:
+            raise StoreError(409, f"rollout {rollout_id!r} is already {row['status']}", "rollout_finished")
+        if reward is not None:
+            self._write_reward(conn, rollout_id, reward, components, None)
+        finished_at = time.time()
+        conn.execute(
+            update(schema.rollouts)
+            .where(schema.rollouts.c.rollout_id == rollout_id)
+            .values(status=status, finished_at=finished_at)
+        )
+
+        def on_commit() -> None:
+            self._chains.drop(rollout_id)
+            self._remember(rollout_id, status)
+
+        return self._rollout_row(conn, rollout_id) or row, on_commit
+
+
+def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
