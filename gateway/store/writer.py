@@ -95,8 +95,12 @@ class StoreWriter:
         self._queue.put(_Pending(operation, future, loop))
         return future
 
+    def enqueue_turn(self, record: TurnRecord) -> asyncio.Future[int]:
+        return self.submit(lambda conn: self._insert_turn(conn, record))
+
     async def insert_turn(self, record: TurnRecord) -> int:
-        return await self.submit(lambda conn: self._insert_turn(conn, record))
+        """Store a turn; returns its index in the rollout once committed."""
+        return await self.enqueue_turn(record)
 
     async def create_rollout(self, new: NewRollout) -> tuple[dict[str, Any], bool]:
         return await self.submit(lambda conn: self._create_rollout(conn, new))

@@ -1,0 +1,64 @@
+"""Request and response models of the control API."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.ids import ID_PATTERN
+
+FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
+
+
+class CreateRolloutRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_id: Identifier | None = None
+    group_id: Identifier | None = None
+    task_id: Annotated[str, Field(max_length=256)] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutCreated(BaseModel):
+    rollout_id: str
+    group_id: str
+    task_id: str | None
+    metadata: dict[str, Any]
+    status: str
+    created: bool
+    base_url: str
+
+
+class RewardRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reward: FiniteFloat
+    components: dict[str, FiniteFloat] | None = None
+    turn_index: Annotated[int, Field(strict=True, ge=0)] | None = None
+
+
+class RewardRecorded(BaseModel):
+    rollout_id: str
+    reward: float
+    components: dict[str, float] | None
+    turn_index: int | None
+
+
+class FinishRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["completed", "failed", "truncated", "aborted"] = "completed"
+    reward: FiniteFloat | None = None
+    components: dict[str, FiniteFloat] | None = None
+
+
+class RolloutFinished(BaseModel):
+    rollout_id: str
+    group_id: str
+    status: str
+    reward: float | None
+    reward_components: dict[str, float] | None
+    created_at: float
+    finished_at: float | None

@@ -1,0 +1,221 @@
+"""Forwarding one agent call to vLLM and recording it as a turn, whole or streamed.
+
+The turn is committed before the reply is released: a non-streamed reply is sent after the commit, a
+streamed one passes every chunk through as it arrives and sends its final `data: [DONE]` after the commit.
+A client that goes away mid-stream leaves a turn marked cancelled with what had been generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from gateway.errors import ApiError, error_body
+from gateway.openai.capture import Asked, TurnCapture
+from gateway.openai.sse import sse_data
+from gateway.state import GatewayState
+from gateway.store import schema
+from gateway.store.records import StoreError, TurnRecord
+
+log = logging.getLogger(__name__)
+
+_DONE = b"data: [DONE]\n\n"
+
+
+async def check_rollout(state: GatewayState, rollout_id: str) -> None:
+    status = await state.store.rollout_status(rollout_id)
+    if status is None and state.settings.require_registered_rollouts:
+        raise ApiError(404, f"rollout {rollout_id!r} is not registered", "rollout_not_found")
+    if status is not None and status != schema.ROLLOUT_RUNNING:
+        raise ApiError(409, f"rollout {rollout_id!r} is already {status}", "rollout_finished")
+
+
+def new_record(state: GatewayState, rollout_id: str, capture_cls: type[TurnCapture], body: dict[str, Any]) -> TurnRecord:
+    fields = capture_cls.request_fields(body)
+    return TurnRecord(
+        rollout_id=rollout_id,
+        endpoint=capture_cls.endpoint,
+        model=body.get("model"),
+        stream=bool(body.get("stream")),
+        policy_version=state.policy_version,
+        started_at=time.time(),
+        messages=body.get("messages"),
+        prompt_text=body["prompt"] if isinstance(body.get("prompt"), str) else None,
+        tools=fields["tools"],
+        params=fields["params"],
+    )
+
+
+async def forward(
+    state: GatewayState, rollout_id: str, capture_cls: type[TurnCapture], body: dict[str, Any]
+) -> Response:
+    await check_rollout(state, rollout_id)
+    capture = capture_cls(new_record(state, rollout_id, capture_cls, body))
+    upstream, asked = capture.inject(body)
+    metrics = state.metrics
+    metrics.in_flight.inc()
+    try:
+        if capture.record.stream:
+            return await _forward_stream(state, capture, upstream, asked)
+        return await _forward_whole(state, capture, upstream, asked)
+    finally:
+        metrics.in_flight.dec()
+
+
+async def _send(state: GatewayState, capture: TurnCapture, upstream: dict[str, Any], stream: bool) -> httpx.Response:
+    """Send to a backend; on failure store an error turn and raise the agent-facing error."""
+    record = capture.record
+    try:
+        record.backend, response = await state.backends.send(
+            record.rollout_id, capture.path, orjson.dumps(upstream), stream=stream
+        )
+    except ApiError as exc:
+        await _store_error(state, capture, exc.status_code, exc.message)
+        raise
+    if response.status_code != 200:
+        content = await response.aread()
+        await response.aclose()
+        message = _backend_message(content) or f"backend answered HTTP {response.status_code}"
+        status = response.status_code if response.status_code < 500 else 502
+        await _store_error(state, capture, status, message)
+        raise ApiError(status, message, "backend_error" if status >= 500 else "invalid_request")
+    return response
+
+
+def _backend_message(content: bytes) -> str | None:
+    try:
+        payload = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content[:500].decode("utf-8", "replace") or None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message"))
+    if isinstance(payload, dict) and "message" in payload:
+        return str(payload["message"])
+    return None
+
+
+async def _store_error(state: GatewayState, capture: TurnCapture, status: int, message: str) -> None:
+    record = capture.finish()
+    record.status = schema.TURN_ERROR
+    record.http_status = status
+    record.error = message
+    record.finished_at = time.time()
+    state.metrics.errors.labels(reason=str(status)).inc()
+    _account(state, record, status)
+    await state.store.writer.insert_turn(record)
+
+
+def _account(state: GatewayState, record: TurnRecord, status: int) -> None:
+    metrics = state.metrics
+    metrics.requests.labels(endpoint=record.endpoint, status=str(status)).inc()
+    metrics.latency.labels(endpoint=record.endpoint).observe(record.finished_at - record.started_at)
+    metrics.tokens.labels(kind="prompt").inc(record.prompt_ids.shape[0])
+    metrics.tokens.labels(kind="completion").inc(record.completion_ids.shape[0])
+
+
+async def _forward_whole(
+    state: GatewayState, capture: TurnCapture, upstream: dict[str, Any], asked: Asked
+) -> Response:
+    response = await _send(state, capture, upstream, stream=False)
+    try:
+        payload = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        await _store_error(state, capture, 502, "backend sent a reply that is not JSON")
+        raise ApiError(502, "backend sent a reply that is not JSON", "backend_error") from None
+    capture.feed(payload)
+    record = capture.finish()
+    record.finished_at = record.first_token_at = time.time()
+    record.http_status = 200
+    capture.strip(payload, asked)
+    await _commit(state, record)
+    return Response(orjson.dumps(payload), media_type="application/json")
+
+
+async def _commit(state: GatewayState, record: TurnRecord) -> None:
+    try:
+        await state.store.writer.insert_turn(record)
+    except StoreError:
+        raise
+    except Exception as exc:
+        log.exception("could not commit turn of rollout %s", record.rollout_id)
+        raise ApiError(503, f"the turn could not be stored: {type(exc).__name__}", "store_unavailable") from exc
+    _account(state, record, 200)
+
+
+async def _forward_stream(
+    state: GatewayState, capture: TurnCapture, upstream: dict[str, Any], asked: Asked
+) -> Response:
+    response = await _send(state, capture, upstream, stream=True)
+    return StreamingResponse(_relay(state, capture, response, asked), media_type="text/event-stream")
+
+
+async def _relay(
+    state: GatewayState, capture: TurnCapture, response: httpx.Response, asked: Asked
+) -> AsyncIterator[bytes]:
+    """Pass each chunk on as it arrives while capturing it; commit, then send the final [DONE]."""
+    record = capture.record
+    try:
+        async for data in sse_data(response.aiter_bytes()):
+            if data == b"[DONE]":
+                break
+            chunk = orjson.loads(data)
+            if record.first_token_at is None:
+                record.first_token_at = time.time()
+            if "error" in chunk and "choices" not in chunk:
+                raise _StreamError(_backend_message(data) or "backend stream failed")
+            capture.feed(chunk)
+            capture.strip(chunk, asked)
+            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+        else:
+            raise _StreamError("backend stream ended without [DONE]")
+    except (asyncio.CancelledError, GeneratorExit):
+        _record_cancelled(state, capture)
+        raise
+    except (_StreamError, httpx.HTTPError, orjson.JSONDecodeError) as exc:
+        message = exc.args[0] if isinstance(exc, _StreamError) else f"backend stream failed: {exc!r}"
+        await _store_error(state, capture, 502, message)
+        yield b"data: " + error_body(502, message, "backend_error") + b"\n\n"
+        yield _DONE
+        return
+    finally:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+    record = capture.finish()
+    record.finished_at = time.time()
+    record.http_status = 200
+    try:
+        await _commit(state, record)
+    except (ApiError, StoreError) as exc:
+        status = exc.status_code
+        yield b"data: " + error_body(status, exc.message, "store_error") + b"\n\n"
+    yield _DONE
+
+
+class _StreamError(Exception):
+    pass
+
+
+def _record_cancelled(state: GatewayState, capture: TurnCapture) -> None:
+    """The agent went away: store what was generated, without awaiting (this task is being cancelled)."""
+    record = capture.finish()
+    record.status = schema.TURN_CANCELLED
+    record.error = "client disconnected before the end of the stream"
+    record.finished_at = time.time()
+    state.metrics.errors.labels(reason="cancelled").inc()
+    _account(state, record, 499)
+    state.store.writer.enqueue_turn(record).add_done_callback(_log_failure)
+
+
+def _log_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("could not store a cancelled turn: %s", future.exception())
+

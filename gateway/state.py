@@ -1,0 +1,25 @@
+"""What every request handler shares: settings, store, backends, metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from gateway.backend import BackendPool
+from gateway.metrics import Metrics
+from gateway.settings import Settings
+from gateway.store.store import Store
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    store: Store
+    backends: BackendPool
+    metrics: Metrics
+    policy_version: str
+
+
+def get_state(request: Request) -> GatewayState:
+    return request.app.state.gateway
