@@ -65,6 +65,11 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Markup tokens: single ids, but kept in decoded text (as Qwen2.5 does), so tool parsers see them.
 ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 
+# Qwen2's pre-tokeniser split (transformers' Qwen2Tokenizer): letters with one leading non-letter, single
+# digits, punctuation runs, newlines, spaces.
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 VOCAB_SIZE = 2048  # tokenizer size == model vocabulary size
 CORPUS_SEED = 20240611
 WEIGHTS_SEED = 0
@@ -257,18 +262,30 @@ def _training_corpus() -> list[str]:
         call = json.dumps({"name": name, "arguments": args})
         docs.append(f"<|im_start|>assistant\n<tool_call>{call}</tool_call><|im_end|>\n")
         docs.append(f"<|im_start|>user\n<tool_response>\n{json.dumps({'result': rng.choice(_WORDS)})}\n</tool_response><|im_end|>\n")
+    # Pseudo-words and identifiers: enough distinct pairs for the BPE trainer to fill the vocabulary.
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["th", "sh", "ch", "ng", "st", "er"]
+    for _ in range(800):
+        word = "".join(rng.choice(syllables) for _ in range(2 + rng.randrange(3)))
+        docs.append(rng.choice((word, word.capitalize(), word + "_" + rng.choice(_WORDS), "self." + word)))
     for _ in range(300):
         docs.append(f"{rng.randrange(10 ** rng.randrange(1, 9))} {rng.random():.4f} 0x{rng.randrange(1 << 32):08x}")
     return docs
 
 
 def _train_tokenizer():
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # Exactly the pipeline that transformers 5 rebuilds for any ``model_type: qwen2`` directory (it ignores
+    # tokenizer.json's normaliser and pre-tokeniser and uses Qwen2Tokenizer's), so that the raw
+    # ``tokenizers`` library, transformers 4 and 5 and vLLM all produce the same ids.
+    tok = Tokenizer(models.BPE(continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                               byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
     n_added = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE - n_added,
@@ -306,7 +323,7 @@ def _write_tokenizer(staging: Path) -> dict[str, int]:
             "special": t in SPECIAL_TOKENS,
         }
     config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": "Qwen2Tokenizer",
         "added_tokens_decoder": added_decoder,
         "bos_token": None,
         "eos_token": EOS_TOKEN,
@@ -444,6 +461,8 @@ def _fingerprint(seed: int) -> str:
         "weights": WEIGHT_PARAMS,
         "weights_seed": seed,
         "template": hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest(),
+        # Any edit of this generator rebuilds existing directories.
+        "source": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 

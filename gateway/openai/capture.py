@@ -63,14 +63,20 @@ class TurnCapture:
         raise NotImplementedError
 
     def strip(self, payload: dict[str, Any], asked: Asked) -> None:
-        """Remove what the gateway injected, so the agent gets what vLLM answers to its own request."""
+        """Undo what the gateway injected, so the agent gets what vLLM answers to its own request.
+
+        Without the capture flags vLLM still sends these keys, with null values; so does the gateway.
+        """
+        choices = payload.get("choices") or ()
         if not asked.token_ids:
-            payload.pop("prompt_token_ids", None)
-            for choice in payload.get("choices") or ():
-                choice.pop("token_ids", None)
-                choice.pop("prompt_token_ids", None)
+            if "prompt_token_ids" in payload:
+                payload["prompt_token_ids"] = None
+            for choice in choices:
+                for key in ("token_ids", "prompt_token_ids"):
+                    if key in choice:
+                        choice[key] = None
         if not asked.logprobs:
-            for choice in payload.get("choices") or ():
+            for choice in choices:
                 if "logprobs" in choice:
                     choice["logprobs"] = None
 

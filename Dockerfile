@@ -1,0 +1,19 @@
+# The gateway alone (no engine): point it at your vLLM servers and a database.
+#   docker build -t rl-gateway .
+#   docker run -p 8100:8100 -e GATEWAY_BACKEND=http://vllm:8000 -e GATEWAY_DB=postgresql://... rl-gateway
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    GATEWAY_HOST=0.0.0.0 GATEWAY_PORT=8100 GATEWAY_DB=sqlite:////data/gateway.db
+WORKDIR /app
+COPY pyproject.toml README.md alembic.ini ./
+COPY gateway ./gateway
+COPY trainer_client ./trainer_client
+COPY migrations ./migrations
+RUN pip install --no-cache-dir ".[postgres]" && useradd --create-home gateway && mkdir /data && chown gateway /data
+USER gateway
+VOLUME /data
+EXPOSE 8100
+HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8100/healthz')"
+ENTRYPOINT ["gateway"]
+CMD ["serve"]
