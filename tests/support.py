@@ -1,0 +1,52 @@
+"""Helpers for tests: read what the database holds, ask vLLM for its own tokenization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gateway.engine.vllm_server import VLLMServer
+from gateway.store import reads
+from gateway.store.database import make_engine
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "ls",
+            "description": "List a directory.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+]
+LS_TMP_CALL = '<tool_call>{"name": "ls", "arguments": {"path": "/tmp"}}</tool_call>'
+LS_TMP_REGEX = r'<tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
+
+
+def stored_rollout(db_url: str, rollout_id: str) -> dict[str, Any]:
+    """The rollout as the database holds it, with full token arrays and messages."""
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            rollout = reads.get_rollout(conn, rollout_id, include_tokens=True, include_messages=True)
+    finally:
+        engine.dispose()
+    assert rollout is not None, f"rollout {rollout_id} is not in the database"
+    return rollout
+
+
+def tokenize_chat(vllm: VLLMServer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """vLLM's own rendering of a chat prompt, as `/tokenize` gives it."""
+    body: dict[str, Any] = {"model": "tiny", "messages": messages, "add_generation_prompt": True}
+    if tools:
+        body["tools"] = tools
+    response = httpx.post(vllm.url + "/tokenize", json=body, timeout=30)
+    response.raise_for_status()
+    return response.json()["tokens"]
+
+
+def detokenize(vllm: VLLMServer, ids: list[int]) -> str:
+    response = httpx.post(vllm.url + "/detokenize", json={"model": "tiny", "tokens": ids}, timeout=30)
+    response.raise_for_status()
+    return response.json()["prompt"]

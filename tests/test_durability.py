@@ -1,0 +1,65 @@
+"""Nothing acknowledged is lost: crashes, restarts and clients that leave mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+
+from support import stored_rollout
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def test_killed_gateway_keeps_every_acknowledged_turn(start_gateway, databases, db_kind):
+    db_url = databases.new(db_kind)
+    first = start_gateway(db_url)
+
+    async def agents() -> list[str]:
+        async def one(i: int) -> str:
+            agent = openai.AsyncOpenAI(base_url=first.agent_url(f"crash-{i}"), api_key="unused", max_retries=0)
+            await agent.chat.completions.create(**CHAT)
+            reply = await agent.chat.completions.create(**CHAT, stream=True)
+            async for _ in reply:
+                pass
+            return f"crash-{i}"
+
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    acknowledged = asyncio.run(agents())
+    first.kill()  # SIGKILL: no shutdown hook runs
+
+    second = start_gateway(db_url)
+    for rollout_id in acknowledged:
+        turns = httpx.get(f"{second.url}/rollouts/{rollout_id}", params={"include_tokens": "true"}).json()["turns"]
+        assert [(t["status"], t["stream"]) for t in turns] == [("ok", False), ("ok", True)]
+        assert turns[1]["prompt_token_ids"] == turns[0]["prompt_token_ids"]
+    agent = openai.OpenAI(base_url=second.agent_url(acknowledged[0]), api_key="unused", max_retries=0)
+    agent.chat.completions.create(**CHAT)
+    assert [t["index"] for t in stored_rollout(db_url, acknowledged[0])["turns"]] == [0, 1, 2]
+
+
+def test_client_leaving_mid_stream_leaves_a_cancelled_turn(gateway, db_url, rollout_id):
+    body = {**CHAT, "max_tokens": 1500, "min_tokens": 1500, "stream": True}
+    with httpx.stream("POST", gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60) as response:
+        received = 0
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                received += 1
+            if received == 5:
+                break
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        turns = httpx.get(f"{gateway.url}/rollouts/{rollout_id}").json().get("turns", [])
+        if turns:
+            break
+        time.sleep(0.2)
+    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    assert turn["status"] == "cancelled"
+    assert turn["error"] == "client disconnected before the end of the stream"
+    assert len(turn["prompt_token_ids"]) > 0
+    assert 4 <= len(turn["completion_token_ids"]) < 1500
+    assert len(turn["completion_logprobs"]) == len(turn["completion_token_ids"])

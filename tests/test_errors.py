@@ -1,0 +1,121 @@
+"""Bad input and failing backends: OpenAI-format errors with the right status, error turns, no damage."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from gateway.process import free_port
+from support import stored_rollout
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def post_chat(gateway, rollout_id: str, **kwargs) -> httpx.Response:
+    return httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", timeout=60, **kwargs)
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code
+    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    assert error["message"]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        (b"[1, 2]", 400, "invalid_json"),
+        (b'{"model": "tiny"}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": "hi"}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": []}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": [{"content": "no role"}]}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 2}', 422, "invalid_request"),
+        (b'{"model": 5, "messages": [{"role": "user", "content": "x"}]}', 422, "invalid_request"),
+    ],
+)
+def test_malformed_requests_get_openai_errors_and_store_nothing(gateway, db_url, rollout_id, content, status, code):
+    response = post_chat(gateway, rollout_id, content=content, headers={"content-type": "application/json"})
+
+    assert_openai_error(response, status, code)
+    assert httpx.get(f"{gateway.url}/rollouts/{rollout_id}").status_code == 404
+
+
+def test_wrong_type_names_the_offending_parameter(gateway, rollout_id):
+    response = post_chat(gateway, rollout_id, json={**CHAT, "max_tokens": 4, "stream": "yes"})
+    assert assert_openai_error(response, 422, "invalid_request")["param"] == "stream"
+
+
+def test_oversized_body_is_refused_with_413(gateway, rollout_id):
+    huge = {**CHAT, "messages": [{"role": "user", "content": "x" * (33 * 1024 * 1024)}]}
+    assert_openai_error(post_chat(gateway, rollout_id, json=huge), 413, "request_too_large")
+
+
+def test_request_vllm_refuses_is_passed_on_and_stored_as_an_error_turn(gateway, db_url, rollout_id):
+    response = post_chat(gateway, rollout_id, json={**CHAT, "max_tokens": 100_000})
+
+    error = assert_openai_error(response, 400, "invalid_request")
+    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    assert turn["status"] == "error"
+    assert turn["http_status"] == 400
+    assert turn["error"] == error["message"]
+    assert turn["messages"] == CHAT["messages"]
+    assert turn["completion_token_ids"] == []
+
+
+def test_unreachable_backend_gives_503_and_an_error_turn(start_gateway, databases, db_kind, rollout_id):
+    db_url = databases.new(db_kind)
+    dead = start_gateway(db_url, backends=[f"http://127.0.0.1:{free_port()}"])
+    client = openai.OpenAI(base_url=dead.agent_url(rollout_id), api_key="unused", max_retries=0)
+
+    with pytest.raises(openai.InternalServerError) as raised:
+        client.chat.completions.create(**CHAT)
+
+    assert raised.value.status_code == 503
+    assert raised.value.body["code"] == "backend_unavailable"
+    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    assert (turn["status"], turn["http_status"]) == ("error", 503)
+    assert "no backend reachable" in turn["error"]
+    stream = httpx.post(dead.agent_url(rollout_id) + "/chat/completions", json={**CHAT, "stream": True})
+    assert_openai_error(stream, 503, "backend_unavailable")
+    assert [t["status"] for t in stored_rollout(db_url, rollout_id)["turns"]] == ["error", "error"]
+
+
+def test_second_backend_serves_when_the_first_is_down(start_gateway, databases, db_kind, vllm, rollout_id):
+    db_url = databases.new(db_kind)
+    pair = start_gateway(db_url, backends=[f"http://127.0.0.1:{free_port()}", vllm.url])
+    client = openai.OpenAI(base_url=pair.agent_url(rollout_id), api_key="unused", max_retries=0)
+    for _ in range(2):
+        client.chat.completions.create(**CHAT)
+    turns = stored_rollout(db_url, rollout_id)["turns"]
+    assert [(t["status"], t["backend"]) for t in turns] == [("ok", vllm.url), ("ok", vllm.url)]
+
+
+def test_unregistered_rollouts_are_404_when_registration_is_required(start_gateway, databases, db_kind, rollout_id):
+    db_url = databases.new(db_kind)
+    strict = start_gateway(db_url, "--require-registered-rollouts")
+
+    assert_openai_error(post_chat(strict, rollout_id, json=CHAT), 404, "rollout_not_found")
+    created = httpx.post(strict.url + "/rollouts", json={"rollout_id": rollout_id})
+    assert created.status_code == 201
+    assert post_chat(strict, rollout_id, json=CHAT).status_code == 200
+
+
+def test_calls_on_a_finished_rollout_are_409_and_leave_it_intact(gateway, db_url, rollout_id):
+    assert post_chat(gateway, rollout_id, json=CHAT).status_code == 200
+    assert httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"reward": 1.0}).status_code == 200
+
+    assert_openai_error(post_chat(gateway, rollout_id, json=CHAT), 409, "rollout_finished")
+    rollout = stored_rollout(db_url, rollout_id)
+    assert (rollout["status"], rollout["reward"], len(rollout["turns"])) == ("completed", 1.0, 1)
+
+
+def test_invalid_rollout_id_in_the_path_is_400(gateway):
+    response = post_chat(gateway, "bad%20id", json=CHAT)
+    assert_openai_error(response, 400, "invalid_rollout_id")
