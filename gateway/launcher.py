@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from gateway.process import ManagedProcess, ProcessFailed, free_port
+from gateway.process import ManagedProcess, start_until_ready
 
 
 class GatewayProcess:
@@ -36,31 +36,25 @@ class GatewayProcess:
     def agent_url(self, rollout_id: str) -> str:
         return f"{self.url}/rollouts/{rollout_id}/v1"
 
+    def _make(self, port: int) -> ManagedProcess:
+        command = [sys.executable, "-m", "gateway", "serve", "--db", self.db_url, "--host", self.host]
+        command += ["--port", str(port), *self.extra_args]
+        for backend in self.backends:
+            command += ["--backend", backend]
+        return ManagedProcess(command, log_path=self.log_path, name="gateway")
+
     def start(self, timeout: float = 60.0) -> GatewayProcess:
-        fixed_port = self.port is not None
-        for _attempt in range(1 if fixed_port else 5):
-            if not fixed_port:
-                self.port = free_port(self.host)
-            command = [sys.executable, "-m", "gateway", "serve", "--db", self.db_url, "--host", self.host]
-            command += ["--port", str(self.port), *self.extra_args]
-            for backend in self.backends:
-                command += ["--backend", backend]
-            self._process = ManagedProcess(command, log_path=self.log_path, name="gateway")
-            self._process.start()
-            try:
-                self._process.wait_ready(self.url + "/healthz", timeout=timeout)
-                return self
-            except ProcessFailed as exc:
-                self._process.stop()
-                if fixed_port or "address already in use" not in str(exc):
-                    raise
-        raise ProcessFailed(f"gateway could not bind a free port:\n{self.log_path}")
+        self._process, self.port = start_until_ready(
+            self._make, "/healthz", host=self.host, port=self.port, timeout=timeout
+        )
+        return self
 
     def stop(self) -> None:
         if self._process is not None:
             self._process.stop()
 
     def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown code runs."""
         if self._process is not None:
             self._process.kill()
 

@@ -1,13 +1,23 @@
-"""Child processes the project starts (vLLM servers, gateways): started in their own process group, waited
-for until an HTTP endpoint answers, and always stopped with everything they spawned."""
+"""Child processes the project starts (vLLM servers, gateways).
+
+Each runs in its own process group (vLLM spawns engine-core workers), is waited for until an HTTP endpoint
+answers, and is always stopped with everything it spawned: on `stop()`, at interpreter exit, and (Linux)
+when the parent dies (`PR_SET_PDEATHSIG`).
+"""
 
 from __future__ import annotations
 
-import logging
+import atexit
+import contextlib
+import ctypes
 import os
+import logging
+import random
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,12 +26,36 @@ import httpx
 
 log = logging.getLogger(__name__)
 
+ADDRESS_IN_USE = "address already in use"
+_live: set[ManagedProcess] = set()
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago. Callers retry on a bind failure, as another process may take it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A free port below the kernel's ephemeral range, so that no outgoing connection takes it before the
+    child binds it. Callers still retry on a bind failure: another program may take it."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randint(20000, ephemeral_low - 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port found")
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec hook giving the child SIGTERM when the thread that started it dies (Linux, main thread)."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    set_pdeathsig = 1
+    return lambda: prctl(set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 class ProcessFailed(RuntimeError):
@@ -37,10 +71,12 @@ class ManagedProcess:
         self.env = env
         self.name = name
         self.process: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
+            self._log_start = log_file.tell()
             self.process = subprocess.Popen(
                 self.command,
                 stdout=log_file,
@@ -48,67 +84,97 @@ class ManagedProcess:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent(),
             )
+        _live.add(self)
 
     def wait_ready(
-        self,
-        url: str,
-        *,
-        timeout: float,
-        progress: Callable[[float], None] | None = None,
-        progress_every: float = 5.0,
+        self, url: str, *, timeout: float, progress: Callable[[float], None] | None = None, every: float = 5.0
     ) -> None:
         """Poll `url` until it answers 200; fail fast with the log's tail if the process exits."""
         assert self.process is not None
-        started = time.monotonic()
-        last_progress = started
+        started = last_progress = time.monotonic()
         while True:
             if self.process.poll() is not None:
-                raise ProcessFailed(
-                    f"{self.name} exited with code {self.process.returncode}:\n{self.log_tail()}"
-                )
-            try:
+                raise ProcessFailed(f"{self.name} exited with code {self.process.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url, timeout=2.0).status_code == 200:
                     return
-            except httpx.HTTPError:
-                pass
             now = time.monotonic()
             if now - started > timeout:
                 raise ProcessFailed(f"{self.name} not ready after {timeout:.0f} s:\n{self.log_tail()}")
-            if progress is not None and now - last_progress >= progress_every:
+            if progress is not None and now - last_progress >= every:
                 progress(now - started)
                 last_progress = now
             time.sleep(0.25)
 
     def log_tail(self, lines: int = 40) -> str:
+        """The end of the log written since the latest start."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as log_file:
+                log_file.seek(self._log_start)
+                text = log_file.read().decode("utf-8", "replace")
         except OSError:
             return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM the whole process group, then SIGKILL whatever is left after `grace` seconds."""
-        process, self.process = self.process, None
+        process = self._forget()
         if process is None:
             return
         self._signal_group(process, signal.SIGTERM)
         try:
             process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            log.warning("%s did not stop in %.0f s: killing it", self.name, grace)
+            log.warning("%s did not stop within %.0f s: killing it", self.name, grace)
         self._signal_group(process, signal.SIGKILL)
         process.wait()
 
     def kill(self) -> None:
-        """SIGKILL at once, as a crash would."""
-        process, self.process = self.process, None
+        """SIGKILL the whole process group at once, as a crash would."""
+        process = self._forget()
         if process is not None:
             self._signal_group(process, signal.SIGKILL)
             process.wait()
 
+    def _forget(self) -> subprocess.Popen[bytes] | None:
+        process, self.process = self.process, None
+        _live.discard(self)
+        return process
+
     @staticmethod
     def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+
+
+def start_until_ready(
+    make: Callable[[int], ManagedProcess],
+    ready_path: str,
+    *,
+    host: str,
+    port: int | None,
+    timeout: float,
+    progress: Callable[[float], None] | None = None,
+) -> tuple[ManagedProcess, int]:
+    """Start a server on `port` (or a free one, retried while the port turns out to be taken)."""
+    for _attempt in range(1 if port is not None else 5):
+        chosen = port if port is not None else free_port(host)
+        child = make(chosen)
+        child.start()
+        try:
+            child.wait_ready(f"http://{host}:{chosen}{ready_path}", timeout=timeout, progress=progress)
+            return child, chosen
+        except BaseException as exc:
+            child.kill()
+            if port is not None or not isinstance(exc, ProcessFailed) or ADDRESS_IN_USE not in str(exc).lower():
+                raise
+    raise ProcessFailed("could not find a free port")
+
+
+@atexit.register
+def _stop_all() -> None:
+    for child in list(_live):
+        with contextlib.suppress(Exception):
+            child.kill()
