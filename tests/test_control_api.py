@@ -8,7 +8,7 @@ import pytest
 
 from support import stored_rollout
 
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "min_tokens": 3}
 
 
 def test_create_rollout_returns_the_agent_base_url(gateway):

@@ -1,0 +1,180 @@
+"""What the gateway costs per model call: latency and throughput against a vLLM-shaped upstream, direct vs.
+through the gateway (SQLite and PostgreSQL stores), every turn durably committed.
+
+    scripts/dev bench [--seconds 10] [--connections 32]
+
+The upstream (bench/fake_vllm.py) answers instantly with canned bytes of the shape vLLM sends with
+`return_token_ids` and `logprobs` (3.2k prompt ids, 64 sampled ids), so the differences are the gateway's.
+The agent request is a 12.7 KB chat body. Each request goes to a new rollout, so each stores a full prompt.
+The load generator is a raw-socket HTTP/1.1 client; all three processes share this machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import sqlalchemy as sa
+
+from gateway.launcher import GatewayProcess
+from gateway.process import ManagedProcess, start_until_ready
+from gateway.store.database import make_engine
+
+ROOT = Path(__file__).resolve().parent
+POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def agent_body() -> bytes:
+    words = " ".join(f"word{i % 97}" for i in range(1500))
+    messages = [
+        {"role": "system", "content": "You are a coding agent. " + words[:4000]},
+        {"role": "user", "content": words[:8600]},
+    ]
+    return orjson.dumps({"model": "tiny", "messages": messages, "max_tokens": 64, "temperature": 1.0})
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+
+    async def connect(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def post(self, path: str, body: bytes) -> int:
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode()
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        length = 0
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        await self.reader.readexactly(length)
+        return int(status_line.split()[1])
+
+
+def path_for(target: str) -> str:
+    return "/v1/chat/completions" if target == "direct" else f"/rollouts/{uuid.uuid4().hex}/v1/chat/completions"
+
+
+async def latency(port: int, target: str, body: bytes, requests: int) -> list[float]:
+    client = Client("127.0.0.1", port)
+    await client.connect()
+    samples = []
+    for i in range(requests + 50):
+        started = time.perf_counter()
+        status = await client.post(path_for(target), body)
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}")
+        if i >= 50:  # warm-up
+            samples.append((time.perf_counter() - started) * 1000)
+    client.writer.close()
+    return samples
+
+
+async def throughput(port: int, target: str, body: bytes, connections: int, seconds: float) -> float:
+    clients = [Client("127.0.0.1", port) for _ in range(connections)]
+    await asyncio.gather(*(c.connect() for c in clients))
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def loop(client: Client) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            if await client.post(path_for(target), body) != 200:
+                raise RuntimeError("request failed")
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop(c) for c in clients))
+    elapsed = time.perf_counter() - started
+    for c in clients:
+        c.writer.close()
+    return done / elapsed
+
+
+def measure(port: int, target: str, args: argparse.Namespace) -> tuple[float, float, float]:
+    body = agent_body()
+    samples = asyncio.run(latency(port, target, body, args.requests))
+    rate = asyncio.run(throughput(port, target, body, args.connections, args.seconds))
+    samples.sort()
+    return statistics.median(samples), samples[int(len(samples) * 0.99)], rate
+
+
+def stored_bytes_per_turn(db_url: str) -> float:
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        turns, blob = conn.execute(
+            sa.text(
+                "SELECT COUNT(*), SUM(LENGTH(prompt_ids) + LENGTH(completion_ids) + LENGTH(completion_logprobs)) "
+                "FROM turns"
+            )
+        ).one()
+    engine.dispose()
+    return blob / max(turns, 1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=1000, help="sequential requests for the latency run")
+    parser.add_argument("--connections", type=int, default=32, help="concurrent connections for throughput")
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+    upstream, upstream_port = start_until_ready(
+        lambda port: ManagedProcess(
+            [sys.executable, str(ROOT / "fake_vllm.py"), "--port", str(port)], log_path=work / "upstream.log",
+            name="fake upstream",
+        ),
+        "/",
+        host="127.0.0.1",
+        port=None,
+        timeout=30,
+    )
+    print(f"agent request {len(agent_body()) / 1024:.1f} KB; {args.requests} sequential requests for latency, "
+          f"{args.connections} connections x {args.seconds:.0f} s for throughput\n")
+    print(f"{'target':<24} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'added p50':>10} {'of floor':>9}")
+    try:
+        floor_p50, floor_p99, floor_rate = measure(upstream_port, "direct", args)
+        print(f"{'upstream directly':<24} {floor_p50:>8.2f} {floor_p99:>8.2f} {floor_rate:>8.0f} {'':>10} {'':>9}")
+        stores = {"gateway, SQLite": f"sqlite:///{work / 'bench.db'}"}
+        schema = f"gw_bench_{uuid.uuid4().hex[:8]}"
+        admin = make_engine(POSTGRES_URL)
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+        stores["gateway, PostgreSQL"] = f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+        try:
+            for name, db_url in stores.items():
+                with GatewayProcess([f"http://127.0.0.1:{upstream_port}"], db_url, log_path=work / "gateway.log") as gw:
+                    p50, p99, rate = measure(gw.port, "gateway", args)
+                print(
+                    f"{name:<24} {p50:>8.2f} {p99:>8.2f} {rate:>8.0f} {p50 - floor_p50:>+9.2f}  "
+                    f"{rate / floor_rate:>8.1%}   ({stored_bytes_per_turn(db_url) / 1024:.1f} KB of ids per turn)"
+                )
+        finally:
+            with admin.begin() as conn:
+                conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
+            admin.dispose()
+    finally:
+        upstream.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
