@@ -37,7 +37,7 @@ def test_rollout_creation_is_idempotent_on_its_id(gateway, rollout_id):
 def test_base_url_works_with_an_unmodified_openai_client(gateway, db_url):
     created = httpx.post(gateway.url + "/rollouts", json={"group_id": "g-sdk"}).json()
     agent = openai.OpenAI(base_url=created["base_url"], api_key="unused", max_retries=0)
-    agent.chat.completions.create(**CHAT)
+    agent.chat.completions.create(model="tiny", messages=CHAT["messages"], max_tokens=3)
 
     rollout = stored_rollout(db_url, created["rollout_id"])
     assert (rollout["group_id"], len(rollout["turns"])) == ("g-sdk", 1)

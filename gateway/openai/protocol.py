@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+def _single_choice(n: int) -> int:
+    if n != 1:
+        raise ValueError("only n=1 is supported: a turn records one completion; start one rollout per sample")
+    return n
+
+
+SingleChoice = Annotated[StrictInt, AfterValidator(_single_choice)]
 
 
 class ChatMessage(BaseModel):
@@ -33,7 +42,7 @@ class ChatCompletionRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
+    n: SingleChoice = 1
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0)] | None = None
     return_token_ids: StrictBool | None = None
@@ -46,7 +55,7 @@ class CompletionRequest(BaseModel):
     prompt: StrictStr | Annotated[list[StrictInt], Field(min_length=1)]
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
+    n: SingleChoice = 1
     echo: StrictBool | None = None
     logprobs: Annotated[StrictInt, Field(ge=0)] | None = None
     return_token_ids: StrictBool | None = None
