@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return _db(args)
     from gateway.demo import run_demo
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     return run_demo(workdir=args.workdir, groups=args.groups, group_size=args.group_size, turns=args.turns)
 
 
