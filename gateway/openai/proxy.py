@@ -13,11 +13,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
-import httpx
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from gateway.backend import BackendReply, BackendStreamError
 from gateway.errors import ApiError, error_body
 from gateway.openai.capture import Asked, TurnCapture
 from gateway.openai.sse import sse_data
@@ -31,7 +30,15 @@ _DONE = b"data: [DONE]\n\n"
 
 
 async def check_rollout(state: GatewayState, rollout_id: str) -> None:
-    status = await state.store.rollout_status(rollout_id)
+    """Refuse calls that will not be recorded before spending engine time on them.
+
+    Without registration required, a rollout this process has not seen is not looked up: the store creates
+    it, or refuses the turn at commit if it turns out to be finished.
+    """
+    if state.settings.require_registered_rollouts:
+        status = await state.store.rollout_status(rollout_id)
+    else:
+        status = state.store.writer.rollout_status.get(rollout_id)
     if status is None and state.settings.require_registered_rollouts:
         raise ApiError(404, f"rollout {rollout_id!r} is not registered", "rollout_not_found")
     if status is not None and status != schema.ROLLOUT_RUNNING:
@@ -70,24 +77,24 @@ async def forward(
         metrics.in_flight.dec()
 
 
-async def _send(state: GatewayState, capture: TurnCapture, upstream: dict[str, Any], stream: bool) -> httpx.Response:
+async def _send(state: GatewayState, capture: TurnCapture, upstream: dict[str, Any]) -> BackendReply:
     """Send to a backend; on failure store an error turn and raise the agent-facing error."""
     record = capture.record
     try:
-        record.backend, response = await state.backends.send(
-            record.rollout_id, capture.path, orjson.dumps(upstream), stream=stream
-        )
+        record.backend, reply = await state.backends.send(record.rollout_id, capture.path, orjson.dumps(upstream))
     except ApiError as exc:
         await _store_error(state, capture, exc.status_code, exc.message)
         raise
-    if response.status_code != 200:
-        content = await response.aread()
-        await response.aclose()
-        message = _backend_message(content) or f"backend answered HTTP {response.status_code}"
-        status = response.status_code if response.status_code < 500 else 502
+    if reply.status != 200:
+        try:
+            content = await reply.body()
+        except BackendStreamError:
+            content = b""
+        message = _backend_message(content) or f"backend answered HTTP {reply.status}"
+        status = reply.status if reply.status < 500 else 502
         await _store_error(state, capture, status, message)
         raise ApiError(status, message, "backend_error" if status >= 500 else "invalid_request")
-    return response
+    return reply
 
 
 def _backend_message(content: bytes) -> str | None:
@@ -125,12 +132,13 @@ def _account(state: GatewayState, record: TurnRecord, status: int) -> None:
 async def _forward_whole(
     state: GatewayState, capture: TurnCapture, upstream: dict[str, Any], asked: Asked
 ) -> Response:
-    response = await _send(state, capture, upstream, stream=False)
+    reply = await _send(state, capture, upstream)
     try:
-        payload = orjson.loads(response.content)
-    except orjson.JSONDecodeError:
-        await _store_error(state, capture, 502, "backend sent a reply that is not JSON")
-        raise ApiError(502, "backend sent a reply that is not JSON", "backend_error") from None
+        payload = orjson.loads(await reply.body())
+    except (BackendStreamError, orjson.JSONDecodeError) as exc:
+        message = str(exc) if isinstance(exc, BackendStreamError) else "backend sent a reply that is not JSON"
+        await _store_error(state, capture, 502, message)
+        raise ApiError(502, message, "backend_error") from None
     capture.feed(payload)
     record = capture.finish()
     record.finished_at = record.first_token_at = time.time()
@@ -154,17 +162,17 @@ async def _commit(state: GatewayState, record: TurnRecord) -> None:
 async def _forward_stream(
     state: GatewayState, capture: TurnCapture, upstream: dict[str, Any], asked: Asked
 ) -> Response:
-    response = await _send(state, capture, upstream, stream=True)
-    return StreamingResponse(_relay(state, capture, response, asked), media_type="text/event-stream")
+    reply = await _send(state, capture, upstream)
+    return StreamingResponse(_relay(state, capture, reply, asked), media_type="text/event-stream")
 
 
 async def _relay(
-    state: GatewayState, capture: TurnCapture, response: httpx.Response, asked: Asked
+    state: GatewayState, capture: TurnCapture, reply: BackendReply, asked: Asked
 ) -> AsyncIterator[bytes]:
     """Pass each chunk on as it arrives while capturing it; commit, then send the final [DONE]."""
     record = capture.record
     try:
-        async for data in sse_data(response.aiter_bytes()):
+        async for data in sse_data(reply.chunks()):
             if data == b"[DONE]":
                 break
             chunk = orjson.loads(data)
@@ -180,15 +188,14 @@ async def _relay(
     except (asyncio.CancelledError, GeneratorExit):
         _record_cancelled(state, capture)
         raise
-    except (_StreamError, httpx.HTTPError, orjson.JSONDecodeError) as exc:
-        message = exc.args[0] if isinstance(exc, _StreamError) else f"backend stream failed: {exc!r}"
+    except (_StreamError, BackendStreamError, orjson.JSONDecodeError) as exc:
+        message = f"backend sent a chunk that is not JSON: {exc}" if isinstance(exc, orjson.JSONDecodeError) else str(exc)
         await _store_error(state, capture, 502, message)
         yield b"data: " + error_body(502, message, "backend_error") + b"\n\n"
         yield _DONE
         return
     finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
+        reply.close()
     record = capture.finish()
     record.finished_at = time.time()
     record.http_status = 200

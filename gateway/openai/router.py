@@ -60,5 +60,5 @@ async def completions(rollout_id: str, request: Request, state: GatewayState = D
 @router.get("/models")
 async def models(rollout_id: str, state: GatewayState = Depends(get_state)) -> Response:
     check_rollout_id(rollout_id)
-    response = await state.backends.get("/v1/models")
-    return Response(response.content, status_code=response.status_code, media_type="application/json")
+    status, content = await state.backends.get("/v1/models")
+    return Response(content, status_code=status, media_type="application/json")

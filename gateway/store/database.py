@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from importlib import resources
 
+import orjson
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -27,16 +28,23 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+def make_engine(url: str, *, pool_size: int = 5, writer: bool = False) -> Engine:
+    """An engine for `url`; `writer` marks SQLite transactions as writes from their start (BEGIN IMMEDIATE),
+    so that they wait for another process's write lock instead of failing when they upgrade to one."""
     url = normalize_url(url)
+    json = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
     if is_sqlite(url):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-        _configure_sqlite(engine)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **json)
+        _configure_sqlite(engine, "BEGIN IMMEDIATE" if writer else "BEGIN")
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, **json)
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _json_dumps(value: object) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _configure_sqlite(engine: Engine, begin: str) -> None:
     """WAL for concurrent readers, full fsync on commit, and real transactions (savepoints included).
 
     Python's sqlite3 module manages BEGIN itself in a way that breaks SAVEPOINT; the driver's implicit
@@ -54,7 +62,7 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
-        conn.exec_driver_sql("BEGIN")
+        conn.exec_driver_sql(begin)
 
 
 def alembic_config(url: str) -> Config:

@@ -13,7 +13,8 @@ from gateway.store.writer import StoreWriter
 class Store:
     def __init__(self, url: str) -> None:
         self.engine = make_engine(url, pool_size=8)
-        self.writer = StoreWriter(self.engine)
+        self._writer_engine = make_engine(url, pool_size=1, writer=True)
+        self.writer = StoreWriter(self._writer_engine)
 
     async def rollout_status(self, rollout_id: str) -> str | None:
         status = self.writer.rollout_status.get(rollout_id)
@@ -30,4 +31,5 @@ class Store:
 
     def close(self) -> None:
         self.writer.close()
+        self._writer_engine.dispose()
         self.engine.dispose()

@@ -1,9 +1,10 @@
 """Group commit: every write of the gateway goes through one thread that commits batches.
 
-Requests enqueue an operation and await its future. The writer thread takes everything queued, runs each
-operation in its own savepoint inside one transaction, commits once, then resolves the futures. While a
-commit (and its fsync) is in flight, new operations pile up and share the next one, so durability costs one
-commit per batch instead of one per turn and never serializes the event loop.
+Requests enqueue an operation and await its future. The writer thread takes everything queued, runs the
+operations in one transaction, commits once, then resolves the futures. While a commit (and its fsync) is in
+flight, new operations pile up and share the next one, so durability costs one commit per batch instead of
+one per turn and never blocks the event loop. The writer also caches what it needs to know of each rollout
+(status, latest turn index, chain tip), so a turn of a known rollout is one INSERT.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 from gateway.store import schema
 from gateway.store.chain import ChainTip, delta_against, tip_of
@@ -29,8 +31,11 @@ from gateway.store.tokens import pack_ids, pack_logprobs
 
 log = logging.getLogger(__name__)
 
-AfterCommit = Callable[[], None] | None
-Operation = Callable[[Connection], tuple[Any, AfterCommit]]
+Operation = Callable[[Connection], Any]
+# Built once: executing a prebuilt statement with a parameter dict skips SQLAlchemy's per-call construction.
+_INSERT_TURN = insert(schema.turns)
+_INSERT_ROLLOUT = insert(schema.rollouts)
+_INSERT_REWARD = insert(schema.rewards)
 
 
 @dataclass
@@ -52,7 +57,7 @@ class ChainCache:
     def __init__(self, max_tokens: int) -> None:
         self._entries: OrderedDict[str, _Chain] = OrderedDict()
         self._tokens = 0
-        self._max_tokens = max_tokens
+        self.max_tokens = max_tokens
 
     def get(self, rollout_id: str) -> _Chain | None:
         entry = self._entries.get(rollout_id)
@@ -64,7 +69,7 @@ class ChainCache:
         self.drop(rollout_id)
         self._entries[rollout_id] = entry
         self._tokens += entry.tip.tokens if entry.tip else 0
-        while self._tokens > self._max_tokens and len(self._entries) > 1:
+        while self._tokens > self.max_tokens and len(self._entries) > 1:
             _, old = self._entries.popitem(last=False)
             self._tokens -= old.tip.tokens if old.tip else 0
 
@@ -75,13 +80,24 @@ class ChainCache:
 
 
 class StoreWriter:
+    """Runs every write of the gateway in one thread, many operations per transaction.
+
+    Operations validate before they write (a refusal is a `StoreError` and leaves the batch intact). If the
+    database rejects a batch (say, another gateway replica took a turn index first), each operation is run
+    again alone, with its caches dropped, so one conflict never fails the others.
+    """
+
     def __init__(self, engine: Engine, *, max_batch: int = 512, chain_cache_tokens: int = 50_000_000) -> None:
         self._engine = engine
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._chains = ChainCache(chain_cache_tokens)
         self.rollout_status: dict[str, str] = {}
-        """Status of rollouts this process has seen, kept current by the writer after each commit."""
+        """Status of rollouts this process has seen, as of the latest commit."""
+        # Changes made by the transaction in progress; published to the caches above once it commits.
+        self._batch_chains: dict[str, _Chain] = {}
+        self._batch_status: dict[str, str] = {}
+        self._finished: list[str] = []
         self.commits = 0
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
@@ -137,42 +153,81 @@ class StoreWriter:
                     stopping = True
                     break
                 batch.append(item)
-            self._commit(batch)
+            try:
+                outcomes = self._transaction([p.operation for p in batch])
+            except Exception:  # noqa: BLE001 - retried one by one below
+                log.warning("a batch of %d writes failed; retrying them one by one", len(batch), exc_info=True)
+                outcomes = [self._alone(p.operation) for p in batch]
+            for pending, (result, error) in zip(batch, outcomes):
+                pending.loop.call_soon_threadsafe(_resolve, pending.future, result, error)
 
-    def _commit(self, batch: list[_Pending]) -> None:
+    def _transaction(self, operations: list[Operation]) -> list[tuple[Any, BaseException | None]]:
         outcomes: list[tuple[Any, BaseException | None]] = []
-        after: list[Callable[[], None]] = []
-        try:
-            with self._engine.connect() as conn, conn.begin():
-                for pending in batch:
-                    savepoint = conn.begin_nested()
-                    try:
-                        result, on_commit = pending.operation(conn)
-                        savepoint.commit()
-                    except Exception as exc:  # noqa: BLE001 - handed to the caller's future
-                        savepoint.rollback()
-                        outcomes.append((None, exc))
-                        continue
-                    outcomes.append((result, None))
-                    if on_commit is not None:
-                        after.append(on_commit)
-        except Exception as exc:  # noqa: BLE001 - the commit itself failed: every caller learns it
-            log.exception("store commit of %d operations failed", len(batch))
-            outcomes = [(None, exc)] * len(batch)
-            after = []
+        self._batch_chains.clear()
+        self._batch_status.clear()
+        self._finished.clear()
+        with self._engine.connect() as conn, conn.begin():
+            for operation in operations:
+                try:
+                    outcomes.append((operation(conn), None))
+                except StoreError as exc:  # refused before writing anything
+                    outcomes.append((None, exc))
         self.commits += 1
-        for action in after:
-            action()
-        for pending, (result, error) in zip(batch, outcomes):
-            pending.loop.call_soon_threadsafe(_resolve, pending.future, result, error)
+        for rollout_id, chain in self._batch_chains.items():
+            self._chains.put(rollout_id, chain)
+        for rollout_id in self._finished:
+            self._chains.drop(rollout_id)
+        self.rollout_status.update(self._batch_status)
+        if len(self.rollout_status) > 200_000:
+            for key in list(self.rollout_status)[:50_000]:
+                del self.rollout_status[key]
+        return outcomes
 
-    # -- operations (run in the writer thread, inside a savepoint) ---------------------------------------
+    def _alone(self, operation: Operation) -> tuple[Any, BaseException | None]:
+        error: BaseException | None = None
+        for _attempt in range(3):
+            try:
+                return self._transaction([operation])[0]
+            except IntegrityError as exc:  # another writer got there first: re-read and try again
+                error = exc
+                self._chains = ChainCache(self._chains.max_tokens)
+                self.rollout_status.clear()
+            except Exception as exc:  # noqa: BLE001 - handed to the caller's future
+                log.exception("a store write failed")
+                return None, exc
+        return None, error
+
+    # -- what the database holds, through this process's caches -----------------------------------------
 
     def _rollout_row(self, conn: Connection, rollout_id: str) -> dict[str, Any] | None:
         row = conn.execute(select(schema.rollouts).where(schema.rollouts.c.rollout_id == rollout_id)).first()
         return dict(row._mapping) if row is not None else None
 
-    def _create_rollout(self, conn: Connection, new: NewRollout) -> tuple[tuple[dict[str, Any], bool], AfterCommit]:
+    def _status(self, conn: Connection, rollout_id: str) -> str | None:
+        status = self._batch_status.get(rollout_id) or self.rollout_status.get(rollout_id)
+        if status is None:
+            r = schema.rollouts
+            status = conn.execute(select(r.c.status).where(r.c.rollout_id == rollout_id)).scalar()
+        return status
+
+    def _chain(self, conn: Connection, rollout_id: str) -> _Chain:
+        chain = self._batch_chains.get(rollout_id) or self._chains.get(rollout_id)
+        if chain is not None:
+            return chain
+        t = schema.turns
+        rows = conn.execute(
+            select(
+                t.c.turn_index, t.c.parent_turn, t.c.prefix_tokens, t.c.prompt_ids, t.c.completion_ids,
+                t.c.prefix_messages, t.c.messages, t.c.prompt_tokens,
+            )
+            .where(t.c.rollout_id == rollout_id)
+            .order_by(t.c.turn_index)
+        ).mappings().all()
+        return _Chain(rows[-1]["turn_index"] if rows else -1, tip_of(list(rows)))
+
+    # -- operations (writer thread; each validates before it writes) -------------------------------------
+
+    def _create_rollout(self, conn: Connection, new: NewRollout) -> tuple[dict[str, Any], bool]:
         existing = self._rollout_row(conn, new.rollout_id)
         if existing is not None:
             for name in ("group_id", "task_id"):
@@ -183,7 +238,10 @@ class StoreWriter:
                         f"rollout {new.rollout_id!r} exists with {name}={existing[name]!r}, not {given!r}",
                         "rollout_conflict",
                     )
-            return (existing, False), None
+            return existing, False
+        return self._insert_rollout(conn, new), True
+
+    def _insert_rollout(self, conn: Connection, new: NewRollout) -> dict[str, Any]:
         row = {
             "rollout_id": new.rollout_id,
             "group_id": new.group_id or new.rollout_id,
@@ -195,88 +253,59 @@ class StoreWriter:
             "created_at": time.time(),
             "finished_at": None,
         }
-        conn.execute(insert(schema.rollouts).values(row))
-        return (row, True), lambda: self._remember(new.rollout_id, schema.ROLLOUT_RUNNING)
+        conn.execute(_INSERT_ROLLOUT, row)
+        self._batch_status[new.rollout_id] = schema.ROLLOUT_RUNNING
+        self._batch_chains[new.rollout_id] = _Chain(-1, None)
+        return row
 
-    def _remember(self, rollout_id: str, status: str) -> None:
-        self.rollout_status[rollout_id] = status
-        if len(self.rollout_status) > 200_000:
-            for key in list(self.rollout_status)[:50_000]:
-                del self.rollout_status[key]
-
-    def _chain(self, conn: Connection, rollout_id: str) -> _Chain:
-        """The rollout's chain, from the cache when it is current, else rebuilt from the database."""
-        t = schema.turns
-        last = conn.execute(select(func.max(t.c.turn_index)).where(t.c.rollout_id == rollout_id)).scalar()
-        last_index = -1 if last is None else int(last)
-        cached = self._chains.get(rollout_id)
-        if cached is not None and cached.last_index == last_index:
-            return cached
-        if last_index < 0:
-            return _Chain(-1, None)
-        rows = conn.execute(
-            select(
-                t.c.turn_index, t.c.parent_turn, t.c.prefix_tokens, t.c.prompt_ids, t.c.completion_ids,
-                t.c.prefix_messages, t.c.messages, t.c.prompt_tokens,
-            )
-            .where(t.c.rollout_id == rollout_id)
-            .order_by(t.c.turn_index)
-        ).mappings().all()
-        return _Chain(last_index, tip_of(list(rows)))
-
-    def _insert_turn(self, conn: Connection, record: TurnRecord) -> tuple[int, AfterCommit]:
-        rollout = self._rollout_row(conn, record.rollout_id)
-        if rollout is None:
-            self._create_rollout(conn, NewRollout(record.rollout_id))
-        elif rollout["status"] != schema.ROLLOUT_RUNNING:
-            raise StoreError(409, f"rollout {record.rollout_id!r} is already {rollout['status']}", "rollout_finished")
+    def _insert_turn(self, conn: Connection, record: TurnRecord) -> int:
+        status = self._status(conn, record.rollout_id)
+        if status is not None and status != schema.ROLLOUT_RUNNING:
+            raise StoreError(409, f"rollout {record.rollout_id!r} is already {status}", "rollout_finished")
+        if status is None:
+            self._insert_rollout(conn, NewRollout(record.rollout_id))
         chain = self._chain(conn, record.rollout_id)
         index = chain.last_index + 1
         delta = delta_against(chain.tip, record.prompt_ids, record.messages)
         conn.execute(
-            insert(schema.turns).values(
-                rollout_id=record.rollout_id,
-                turn_index=index,
-                endpoint=record.endpoint,
-                model=record.model,
-                stream=record.stream,
-                status=record.status,
-                error=record.error,
-                http_status=record.http_status,
-                backend=record.backend,
-                policy_version=record.policy_version,
-                prefix_messages=delta.prefix_messages,
-                messages=delta.new_messages,
-                prompt_text=record.prompt_text,
-                tools=record.tools,
-                params=record.params,
-                content=record.content,
-                reasoning=record.reasoning,
-                tool_calls=record.tool_calls,
-                finish_reason=record.finish_reason,
-                parent_turn=delta.parent_turn,
-                prefix_tokens=delta.prefix_tokens,
-                prompt_ids=pack_ids(delta.prompt_suffix),
-                completion_ids=pack_ids(record.completion_ids),
-                completion_logprobs=pack_logprobs(record.completion_logprobs),
-                prompt_tokens=int(record.prompt_ids.shape[0]),
-                completion_tokens=int(record.completion_ids.shape[0]),
-                started_at=record.started_at,
-                first_token_at=record.first_token_at,
-                finished_at=record.finished_at,
-            )
+            _INSERT_TURN,
+            {
+                "rollout_id": record.rollout_id,
+                "turn_index": index,
+                "endpoint": record.endpoint,
+                "model": record.model,
+                "stream": record.stream,
+                "status": record.status,
+                "error": record.error,
+                "http_status": record.http_status,
+                "backend": record.backend,
+                "policy_version": record.policy_version,
+                "prefix_messages": delta.prefix_messages,
+                "messages": delta.new_messages,
+                "prompt_text": record.prompt_text,
+                "tools": record.tools,
+                "params": record.params,
+                "content": record.content,
+                "reasoning": record.reasoning,
+                "tool_calls": record.tool_calls,
+                "finish_reason": record.finish_reason,
+                "parent_turn": delta.parent_turn,
+                "prefix_tokens": delta.prefix_tokens,
+                "prompt_ids": pack_ids(delta.prompt_suffix),
+                "completion_ids": pack_ids(record.completion_ids),
+                "completion_logprobs": pack_logprobs(record.completion_logprobs),
+                "prompt_tokens": int(record.prompt_ids.shape[0]),
+                "completion_tokens": int(record.completion_ids.shape[0]),
+                "started_at": record.started_at,
+                "first_token_at": record.first_token_at,
+                "finished_at": record.finished_at,
+            },
         )
         tip = chain.tip
         if record.prompt_ids.shape[0]:
-            sequence = np.concatenate([record.prompt_ids, record.completion_ids])
-            tip = ChainTip(index, sequence, record.messages)
-        rollout_id = record.rollout_id
-
-        def on_commit() -> None:
-            self._chains.put(rollout_id, _Chain(index, tip))
-            self._remember(rollout_id, schema.ROLLOUT_RUNNING)
-
-        return index, on_commit
+            tip = ChainTip(index, np.concatenate([record.prompt_ids, record.completion_ids]), record.messages)
+        self._batch_chains[record.rollout_id] = _Chain(index, tip)
+        return index
 
     def _require_rollout(self, conn: Connection, rollout_id: str) -> dict[str, Any]:
         row = self._rollout_row(conn, rollout_id)
@@ -291,7 +320,7 @@ class StoreWriter:
         value: float,
         components: dict[str, float] | None,
         turn_index: int | None,
-    ) -> tuple[None, AfterCommit]:
+    ) -> None:
         self._require_rollout(conn, rollout_id)
         if turn_index is not None:
             t = schema.turns
@@ -301,7 +330,6 @@ class StoreWriter:
             if found is None:
                 raise StoreError(404, f"rollout {rollout_id!r} has no turn {turn_index}", "turn_not_found")
         self._write_reward(conn, rollout_id, value, components, turn_index)
-        return None, None
 
     def _write_reward(
         self,
@@ -311,15 +339,8 @@ class StoreWriter:
         components: dict[str, float] | None,
         turn_index: int | None,
     ) -> None:
-        conn.execute(
-            insert(schema.rewards).values(
-                rollout_id=rollout_id,
-                turn_index=turn_index,
-                value=value,
-                components=components,
-                created_at=time.time(),
-            )
-        )
+        reward = {"rollout_id": rollout_id, "turn_index": turn_index, "value": value, "components": components}
+        conn.execute(_INSERT_REWARD, {**reward, "created_at": time.time()})
         if turn_index is None:
             conn.execute(
                 update(schema.rollouts)
@@ -334,7 +355,7 @@ class StoreWriter:
         status: str,
         reward: float | None,
         components: dict[str, float] | None,
-    ) -> tuple[dict[str, Any], AfterCommit]:
+    ) -> dict[str, Any]:
         row = self._require_rollout(conn, rollout_id)
         if row["status"] != schema.ROLLOUT_RUNNING:
             raise StoreError(409, f"rollout {rollout_id!r} is already {row['status']}", "rollout_finished")
@@ -346,12 +367,12 @@ class StoreWriter:
             .where(schema.rollouts.c.rollout_id == rollout_id)
             .values(status=status, finished_at=finished_at)
         )
-
-        def on_commit() -> None:
-            self._chains.drop(rollout_id)
-            self._remember(rollout_id, status)
-
-        return self._rollout_row(conn, rollout_id) or row, on_commit
+        self._batch_status[rollout_id] = status
+        self._finished.append(rollout_id)
+        if reward is not None:
+            row.update(reward=reward, reward_components=components)
+        row.update(status=status, finished_at=finished_at)
+        return row
 
 
 def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
