@@ -21,5 +21,6 @@ class GatewayState:
     policy_version: str
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
+    """A FastAPI dependency; async, so that FastAPI does not run it in a worker thread."""
     return request.app.state.gateway
