@@ -155,6 +155,9 @@ class StoreWriter:
                 batch.append(item)
             try:
                 outcomes = self._transaction([p.operation for p in batch])
+            except IntegrityError as exc:  # another replica took a turn index: expected, retried below
+                log.info("a batch of %d writes conflicted (%s); retrying them one by one", len(batch), exc.orig)
+                outcomes = [self._alone(p.operation) for p in batch]
             except Exception:  # noqa: BLE001 - retried one by one below
                 log.warning("a batch of %d writes failed; retrying them one by one", len(batch), exc_info=True)
                 outcomes = [self._alone(p.operation) for p in batch]
