@@ -103,11 +103,16 @@ def test_reward_for_unknown_rollout_or_turn_is_404(gateway, rollout_id):
     assert missing_turn.json()["error"]["code"] == "turn_not_found"
 
 
-def test_finish_rejects_unknown_status(gateway, rollout_id):
+def test_finish_rejects_unknown_status_and_components_without_reward(gateway, db_url, rollout_id):
     httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id})
-    response = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"status": "done"})
-    assert response.status_code == 422
-    assert response.json()["error"]["param"] == "status"
+
+    unknown = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"status": "done"})
+    orphan = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"components": {"a": 1.0}})
+
+    assert unknown.status_code == orphan.status_code == 422
+    assert unknown.json()["error"]["param"] == "status"
+    assert "give the reward too" in orphan.json()["error"]["message"]
+    assert stored_rollout(db_url, rollout_id)["status"] == "running"
 
 
 def test_get_rollout_shows_turns_and_tokens_only_on_request(gateway, rollout_id):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.ids import ID_PATTERN
 
@@ -52,6 +52,12 @@ class FinishRequest(BaseModel):
     status: Literal["completed", "failed", "truncated", "aborted"] = "completed"
     reward: FiniteFloat | None = None
     components: dict[str, FiniteFloat] | None = None
+
+    @model_validator(mode="after")
+    def _components_need_a_reward(self) -> FinishRequest:
+        if self.components is not None and self.reward is None:
+            raise ValueError("components are parts of a reward: give the reward too")
+        return self
 
 
 class RolloutFinished(BaseModel):

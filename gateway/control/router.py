@@ -21,7 +21,7 @@ from gateway.control.protocol import (
 from gateway.errors import ApiError
 from gateway.ids import check_rollout_id, new_id
 from gateway.state import GatewayState, get_state
-from gateway.store.records import NewRollout
+from gateway.store.records import NewRollout, Reward
 
 router = APIRouter()
 
@@ -57,7 +57,7 @@ async def post_reward(
 ) -> RewardRecorded:
     """Record a reward for the rollout, or for one of its turns when `turn_index` is given."""
     check_rollout_id(rollout_id)
-    await state.store.writer.add_reward(rollout_id, body.reward, body.components, body.turn_index)
+    await state.store.writer.add_reward(rollout_id, Reward(body.reward, body.components, body.turn_index))
     return RewardRecorded(
         rollout_id=rollout_id, reward=body.reward, components=body.components, turn_index=body.turn_index
     )
@@ -69,7 +69,8 @@ async def finish_rollout(
 ) -> RolloutFinished:
     """Close the rollout; a second finish is a 409."""
     check_rollout_id(rollout_id)
-    row = await state.store.writer.finish_rollout(rollout_id, body.status, body.reward, body.components)
+    reward = Reward(body.reward, body.components) if body.reward is not None else None
+    row = await state.store.writer.finish_rollout(rollout_id, body.status, reward)
     return RolloutFinished(**{name: row[name] for name in RolloutFinished.model_fields})
 
 

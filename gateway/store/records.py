@@ -55,6 +55,15 @@ class NewRollout:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Reward:
+    """A reward for a rollout, or for one of its turns when `turn_index` is set."""
+
+    value: float
+    components: dict[str, float] | None = None
+    turn_index: int | None = None
+
+
 class StoreError(Exception):
     """A request the store refuses; carries the HTTP status the API answers with."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -26,12 +27,14 @@ from sqlalchemy.exc import IntegrityError
 
 from gateway.store import schema
 from gateway.store.chain import ChainTip, delta_against, tip_of
-from gateway.store.records import NewRollout, StoreError, TurnRecord
+from gateway.store.records import NewRollout, Reward, StoreError, TurnRecord
 from gateway.store.tokens import pack_ids, pack_logprobs
 
 log = logging.getLogger(__name__)
 
 Operation = Callable[[Connection], Any]
+# Replicas writing one rollout at the same moment race for its next turn index; the loser retries.
+_CONFLICT_ATTEMPTS = 10
 # Built once: executing a prebuilt statement with a parameter dict skips SQLAlchemy's per-call construction.
 _INSERT_TURN = insert(schema.turns)
 _INSERT_ROLLOUT = insert(schema.rollouts)
@@ -121,15 +124,12 @@ class StoreWriter:
     async def create_rollout(self, new: NewRollout) -> tuple[dict[str, Any], bool]:
         return await self.submit(lambda conn: self._create_rollout(conn, new))
 
-    async def add_reward(
-        self, rollout_id: str, value: float, components: dict[str, float] | None, turn_index: int | None
-    ) -> None:
-        await self.submit(lambda conn: self._add_reward(conn, rollout_id, value, components, turn_index))
+    async def add_reward(self, rollout_id: str, reward: Reward) -> None:
+        await self.submit(lambda conn: self._add_reward(conn, rollout_id, reward))
 
-    async def finish_rollout(
-        self, rollout_id: str, status: str, reward: float | None, components: dict[str, float] | None
-    ) -> dict[str, Any]:
-        return await self.submit(lambda conn: self._finish(conn, rollout_id, status, reward, components))
+    async def finish_rollout(self, rollout_id: str, status: str, reward: Reward | None) -> dict[str, Any]:
+        """Close a running rollout, with its final reward if given; returns the rollout's row."""
+        return await self.submit(lambda conn: self._finish(conn, rollout_id, status, reward))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -188,13 +188,14 @@ class StoreWriter:
 
     def _alone(self, operation: Operation) -> tuple[Any, BaseException | None]:
         error: BaseException | None = None
-        for _attempt in range(3):
+        for attempt in range(_CONFLICT_ATTEMPTS):
             try:
                 return self._transaction([operation])[0]
-            except IntegrityError as exc:  # another writer got there first: re-read and try again
+            except IntegrityError as exc:  # another writer got there first: re-read, back off, try again
                 error = exc
                 self._chains = ChainCache(self._chains.max_tokens)
                 self.rollout_status.clear()
+                time.sleep(random.uniform(0, 0.001 * 2**attempt))
             except Exception as exc:  # noqa: BLE001 - handed to the caller's future
                 log.exception("a store write failed")
                 return None, exc
@@ -316,54 +317,42 @@ class StoreWriter:
             raise StoreError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
         return row
 
-    def _add_reward(
-        self,
-        conn: Connection,
-        rollout_id: str,
-        value: float,
-        components: dict[str, float] | None,
-        turn_index: int | None,
-    ) -> None:
+    def _add_reward(self, conn: Connection, rollout_id: str, reward: Reward) -> None:
         self._require_rollout(conn, rollout_id)
-        if turn_index is not None:
+        if reward.turn_index is not None:
             t = schema.turns
             found = conn.execute(
-                select(t.c.turn_id).where(t.c.rollout_id == rollout_id, t.c.turn_index == turn_index)
+                select(t.c.turn_id).where(t.c.rollout_id == rollout_id, t.c.turn_index == reward.turn_index)
             ).first()
             if found is None:
-                raise StoreError(404, f"rollout {rollout_id!r} has no turn {turn_index}", "turn_not_found")
-        self._write_reward(conn, rollout_id, value, components, turn_index)
+                raise StoreError(404, f"rollout {rollout_id!r} has no turn {reward.turn_index}", "turn_not_found")
+        self._write_reward(conn, rollout_id, reward)
 
-    def _write_reward(
-        self,
-        conn: Connection,
-        rollout_id: str,
-        value: float,
-        components: dict[str, float] | None,
-        turn_index: int | None,
-    ) -> None:
-        reward = {"rollout_id": rollout_id, "turn_index": turn_index, "value": value, "components": components}
-        conn.execute(_INSERT_REWARD, {**reward, "created_at": time.time()})
-        if turn_index is None:
+    def _write_reward(self, conn: Connection, rollout_id: str, reward: Reward) -> None:
+        conn.execute(
+            _INSERT_REWARD,
+            {
+                "rollout_id": rollout_id,
+                "turn_index": reward.turn_index,
+                "value": reward.value,
+                "components": reward.components,
+                "created_at": time.time(),
+            },
+        )
+        if reward.turn_index is None:
             conn.execute(
                 update(schema.rollouts)
                 .where(schema.rollouts.c.rollout_id == rollout_id)
-                .values(reward=value, reward_components=components)
+                .values(reward=reward.value, reward_components=reward.components)
             )
 
-    def _finish(
-        self,
-        conn: Connection,
-        rollout_id: str,
-        status: str,
-        reward: float | None,
-        components: dict[str, float] | None,
-    ) -> dict[str, Any]:
+    def _finish(self, conn: Connection, rollout_id: str, status: str, reward: Reward | None) -> dict[str, Any]:
         row = self._require_rollout(conn, rollout_id)
         if row["status"] != schema.ROLLOUT_RUNNING:
             raise StoreError(409, f"rollout {rollout_id!r} is already {row['status']}", "rollout_finished")
         if reward is not None:
-            self._write_reward(conn, rollout_id, reward, components, None)
+            self._write_reward(conn, rollout_id, reward)
+            row.update(reward=reward.value, reward_components=reward.components)
         finished_at = time.time()
         conn.execute(
             update(schema.rollouts)
@@ -372,8 +361,6 @@ class StoreWriter:
         )
         self._batch_status[rollout_id] = status
         self._finished.append(rollout_id)
-        if reward is not None:
-            row.update(reward=reward, reward_components=components)
         row.update(status=status, finished_at=finished_at)
         return row
 
