@@ -1,1 +1,16 @@
-"""Reads step-wise training samples from the gateway store."""
+"""Step-wise GRPO samples from the gateway's store, claimed safely, as torch tensors.
+
+    from trainer_client import SampleOptions, TrainerClient, grpo_loss
+
+    client = TrainerClient("sqlite:///gateway.db")
+    batch = client.claim("trainer-0", step=0, options=SampleOptions(current_version=3, max_staleness=2))
+    tensors = batch.padded(pad_id=0)
+"""
+
+from trainer_client.batch import Batch
+from trainer_client.client import TrainerClient
+from trainer_client.groups import SampleOptions
+from trainer_client.loss import grpo_loss
+from trainer_client.samples import StepSample
+
+__all__ = ["Batch", "SampleOptions", "StepSample", "TrainerClient", "grpo_loss"]

@@ -65,17 +65,21 @@ class FullTurn:
 
 
 def rebuild(rows: Iterable[Mapping[str, Any]]) -> dict[int, FullTurn]:
-    """Full prompts and messages of a rollout's turns, from rows in ascending `turn_index` order."""
+    """Full prompts and messages of a rollout's turns, from rows in ascending `turn_index` order.
+
+    Rows without a `messages` column (token-only reads) give `messages=None`.
+    """
     full: dict[int, FullTurn] = {}
     sequences: dict[int, np.ndarray] = {}
     for row in rows:
         suffix = unpack_ids(row["prompt_ids"])
-        messages = row["messages"]
+        messages = row.get("messages")
         parent = row["parent_turn"]
         if parent is not None and parent in full:
             prompt = np.concatenate([sequences[parent][: row["prefix_tokens"]], suffix])
-            parent_messages = full[parent].messages or []
-            messages = parent_messages[: row["prefix_messages"]] + list(messages or [])
+            if messages is not None:
+                parent_messages = full[parent].messages or []
+                messages = parent_messages[: row["prefix_messages"]] + list(messages)
         else:
             prompt = suffix
         index = row["turn_index"]

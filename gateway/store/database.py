@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from importlib import resources
+from pathlib import Path
 
 import orjson
 from alembic import command
@@ -65,9 +66,17 @@ def _configure_sqlite(engine: Engine, begin: str) -> None:
         conn.exec_driver_sql(begin)
 
 
+def migrations_dir() -> str:
+    """The migrations: at the top of a source checkout, inside the package when installed from a wheel."""
+    checkout = Path(__file__).resolve().parents[2] / "migrations"
+    if (checkout / "env.py").is_file():
+        return str(checkout)
+    return str(resources.files("gateway.migrations"))
+
+
 def alembic_config(url: str) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(resources.files("gateway.migrations")))
+    config.set_main_option("script_location", migrations_dir())
     config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
     return config
 
@@ -94,6 +103,17 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 class SchemaMismatch(RuntimeError):
     pass
+
+
+def require_current_schema(engine: Engine) -> None:
+    """For readers of a gateway's store: fail clearly on an empty or differently migrated database."""
+    current, head = current_revision(engine), head_revision()
+    if current is None:
+        raise SchemaMismatch(f"{engine.url.render_as_string(hide_password=True)} holds no gateway store")
+    if current != head:
+        raise SchemaMismatch(
+            f"database is at schema revision {current}, this client needs {head}: run `gateway db upgrade --db URL`"
+        )
 
 
 def ensure_schema(url: str) -> None:

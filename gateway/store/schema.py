@@ -58,8 +58,15 @@ rollouts = Table(
     Column("reward_components", Json),
     Column("created_at", Float, nullable=False),
     Column("finished_at", Float),
+    # Trainer claims (see trainer_client.claims): who took the rollout, at which training step, when; and,
+    # for a rollout taken but not trained on, why (stale, failed, error_turns, no_reward, late, all_failed).
+    Column("claimed_by", String(128)),
+    Column("claim_step", Integer),
+    Column("claimed_at", Float),
+    Column("skip_reason", String(32)),
     Index("ix_rollouts_group_id", "group_id"),
     Index("ix_rollouts_status", "status"),
+    Index("ix_rollouts_claimed_by", "claimed_by"),
 )
 
 turns = Table(

@@ -1,0 +1,95 @@
+"""A training batch: step-wise samples as torch tensors, padded or packed, and trajectory-level metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer_client.samples import StepSample
+
+
+@dataclass
+class Batch:
+    samples: list[StepSample]
+    counts: dict[str, int] = field(default_factory=dict)
+    """Groups and rollouts served, groups dropped, rollouts skipped by reason."""
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        return list(dict.fromkeys(s.rollout_id for s in self.samples))
+
+    def padded(self, pad_id: int = 0) -> dict[str, torch.Tensor]:
+        """Right-padded [B, L] tensors; `old_logprobs[b, t]` is the sampling logprob of `input_ids[b, t]`
+        (0 on prompt and padding), `advantages[b, t]` the sample's advantage on its loss tokens."""
+        lengths = [s.prompt_ids.shape[0] + s.completion_ids.shape[0] for s in self.samples]
+        width = max(lengths, default=0)
+        rows = len(self.samples)
+        input_ids = np.full((rows, width), pad_id, dtype=np.int64)
+        attention = np.zeros((rows, width), dtype=np.int64)
+        loss_mask = np.zeros((rows, width), dtype=np.float32)
+        old_logprobs = np.zeros((rows, width), dtype=np.float32)
+        advantages = np.zeros((rows, width), dtype=np.float32)
+        for row, (sample, length) in enumerate(zip(self.samples, lengths)):
+            start = sample.prompt_ids.shape[0]
+            input_ids[row, :start] = sample.prompt_ids
+            input_ids[row, start:length] = sample.completion_ids
+            attention[row, :length] = 1
+            loss_mask[row, :length] = sample.loss_mask
+            old_logprobs[row, start:length] = sample.logprobs
+            advantages[row, :length] = sample.advantage * loss_mask[row, :length]
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(attention),
+            "loss_mask": torch.from_numpy(loss_mask),
+            "old_logprobs": torch.from_numpy(old_logprobs),
+            "advantages": torch.from_numpy(advantages),
+        }
+
+    def packed(self) -> dict[str, torch.Tensor]:
+        """All samples in one [1, T] row for variable-length attention kernels: `cu_seqlens` [B + 1] marks
+        where each sample starts, `position_ids` restart at 0 for each."""
+        lengths = np.array([s.prompt_ids.shape[0] + s.completion_ids.shape[0] for s in self.samples], dtype=np.int64)
+        cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        parts_ids, parts_mask, parts_logprobs, parts_adv = [], [], [], []
+        for sample in self.samples:
+            mask = sample.loss_mask.astype(np.float32)
+            parts_ids += [sample.prompt_ids, sample.completion_ids]
+            parts_mask.append(mask)
+            parts_logprobs += [np.zeros(sample.prompt_ids.shape[0], dtype=np.float32), sample.logprobs]
+            parts_adv.append(mask * np.float32(sample.advantage))
+        total = int(cu_seqlens[-1])
+        positions = np.arange(total, dtype=np.int64) - np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
+
+        def row(parts: list[np.ndarray], dtype: Any) -> torch.Tensor:
+            joined = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
+            return torch.from_numpy(joined).unsqueeze(0)
+
+        return {
+            "input_ids": row(parts_ids, np.int64),
+            "position_ids": torch.from_numpy(positions).unsqueeze(0),
+            "cu_seqlens": torch.from_numpy(cu_seqlens),
+            "loss_mask": row(parts_mask, np.float32),
+            "old_logprobs": row(parts_logprobs, np.float32),
+            "advantages": row(parts_adv, np.float32),
+        }
+
+    def metrics(self) -> dict[str, float]:
+        """Trajectory-level reward metrics (each rollout counts once), turn-level counts beside them."""
+        first_steps = {s.rollout_id: s for s in self.samples}
+        rewards = np.array([s.reward for s in first_steps.values()], dtype=np.float64)
+        tokens = sum(int(s.completion_ids.shape[0]) for s in self.samples if not s.masked)
+        return {
+            "rollouts": float(len(first_steps)),
+            "reward_mean": float(rewards.mean()) if rewards.size else 0.0,
+            "reward_std": float(rewards.std()) if rewards.size else 0.0,
+            "steps": float(len(self.samples)),
+            "steps_per_rollout": len(self.samples) / max(len(first_steps), 1),
+            "loss_tokens": float(tokens),
+            **{name: float(value) for name, value in self.counts.items()},
+        }

@@ -1,0 +1,72 @@
+"""Claims: each rollout is trained on by one trainer at most.
+
+A claim runs in one write transaction: find ready groups, lock their unclaimed rollouts, stamp them with the
+trainer id and step (with a skip reason for those not served). On PostgreSQL the lock is
+`FOR UPDATE SKIP LOCKED`, so concurrent trainers skip each other's groups instead of waiting; a group whose
+rollouts another trainer holds in part is left to it. On SQLite the transaction itself is exclusive.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Connection
+
+from gateway.store import schema
+from trainer_client.groups import SampleOptions, Selection, classify, load_rollouts, ready_groups
+
+_ROLLOUT_COLUMNS = (
+    schema.rollouts.c.rollout_id,
+    schema.rollouts.c.group_id,
+    schema.rollouts.c.status,
+    schema.rollouts.c.reward,
+    schema.rollouts.c.reward_components,
+)
+
+
+def claim_groups(conn: Connection, trainer_id: str, step: int, options: SampleOptions) -> Selection:
+    """Inside a write transaction: claim ready groups for `trainer_id` and return what to train on."""
+    r = schema.rollouts
+    groups = ready_groups(conn, options, unclaimed_only=True)
+    if not groups:
+        return Selection()
+    unclaimed = (r.c.group_id.in_(groups), r.c.claimed_by.is_(None))
+    query = select(*_ROLLOUT_COLUMNS).where(*unclaimed)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    locked = conn.execute(query).all()
+    expected = dict(conn.execute(select(r.c.group_id, func.count()).where(*unclaimed).group_by(r.c.group_id)).all())
+    held = Counter(row.group_id for row in locked)
+    whole = [row for row in locked if held[row.group_id] == expected.get(row.group_id)]
+    selection = classify(load_rollouts(conn, whole), options)
+    now = time.time()
+    reasons: dict[str | None, list[str]] = defaultdict(list)
+    for info in selection.rollouts + selection.skipped:
+        reasons[info.skip_reason].append(info.rollout_id)
+    for reason, ids in reasons.items():
+        conn.execute(
+            update(r)
+            .where(r.c.rollout_id.in_(ids))
+            .values(claimed_by=trainer_id, claim_step=step, claimed_at=now, skip_reason=reason)
+        )
+    return selection
+
+
+def release_claims(conn: Connection, trainer_id: str, step: int | None = None) -> int:
+    """Give back what `trainer_id` claimed (at `step`, or at any step) and did not skip; returns the count."""
+    r = schema.rollouts
+    condition = [r.c.claimed_by == trainer_id, r.c.skip_reason.is_(None)]
+    if step is not None:
+        condition.append(r.c.claim_step == step)
+    result = conn.execute(
+        update(r).where(*condition).values(claimed_by=None, claim_step=None, claimed_at=None)
+    )
+    return int(result.rowcount)
+
+
+def read_groups(conn: Connection, groups: list[str], options: SampleOptions) -> Selection:
+    """The given groups as a trainer would see them, claiming nothing: for export and analysis."""
+    rows = conn.execute(select(*_ROLLOUT_COLUMNS).where(schema.rollouts.c.group_id.in_(groups))).all()
+    return classify(load_rollouts(conn, rows), options)

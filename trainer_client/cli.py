@@ -1,0 +1,183 @@
+"""`trainer-client`: statistics, exports and a live view of the gateway's store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainer-client", description="Read training samples and statistics from the gateway's store."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    db_help = "the gateway's database URL (default: %(default)s)"
+
+    stats = commands.add_parser("stats", help="rollouts, groups, turns, tokens, rewards, drift, errors, claims")
+    stats.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
+    stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    export = commands.add_parser("export", help="write step-wise samples of ready groups (claims nothing)")
+    export.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
+    export.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    export.add_argument("--output", "-o", required=True, help="file to write")
+    export.add_argument("--include-errors", action="store_true", help="keep rollouts with failed turns, masked")
+    export.add_argument("--no-std", action="store_true", help="advantages centred but not divided by the std")
+    export.add_argument(
+        "--group-timeout", type=float, default=None, help="serve a group's finished rollouts after this many seconds"
+    )
+
+    tail = commands.add_parser("tail", help="follow groups as they finish")
+    tail.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
+    tail.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default: %(default)s)")
+    tail.add_argument("--lines", type=int, default=10, help="already finished groups to show first")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gateway.store.database import SchemaMismatch
+
+    args = build_parser().parse_args(argv)
+    command = {"stats": _stats, "export": _export, "tail": _tail}[args.command]
+    try:
+        return command(args)
+    except SchemaMismatch as exc:
+        print(f"trainer-client: {exc}", file=sys.stderr)
+        return 2
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from gateway.store.database import make_engine, require_current_schema
+    from trainer_client.stats import collect
+
+    engine = make_engine(args.db)
+    require_current_schema(engine)
+    with engine.connect() as conn:
+        report = collect(conn)
+    engine.dispose()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    for name, rows in report.items():
+        print(f"\n{name.replace('_', ' ')}")
+        _table(rows)
+    return 0
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print("  (none)")
+        return
+    columns = list(rows[0])
+    cells = [[_cell(row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print("  " + "  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    for row in cells:
+        print("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from trainer_client.client import TrainerClient
+    from trainer_client.groups import SampleOptions, ready_groups
+
+    options = SampleOptions(
+        group_timeout=args.group_timeout, include_errors=args.include_errors, normalize_std=not args.no_std
+    )
+    sink = _JsonlSink(Path(args.output)) if args.format == "jsonl" else _ParquetSink(Path(args.output))
+    written = 0
+    with TrainerClient(args.db) as client:
+        with client.engine.connect() as conn:
+            total = len(ready_groups(conn, options, unclaimed_only=False))
+        with tqdm(total=total, unit="group", desc="exporting", file=sys.stderr) as progress:
+            for batch in client.iter_batches(options):
+                sink.write([sample.to_json() for sample in batch.samples])
+                written += len(batch.samples)
+                progress.update(batch.counts.get("groups", 0) + batch.counts.get("dropped_groups", 0))
+    sink.close()
+    print(f"wrote {written} samples to {args.output}", file=sys.stderr)
+    return 0
+
+
+class _JsonlSink:
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "wb")
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        self._file.writelines(json.dumps(record).encode() + b"\n" for record in records)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _ParquetSink:
+    """One row group per batch, so that exports larger than memory stream to disk."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._writer: Any = None
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not records:
+            return
+        for record in records:
+            record["reward_components"] = json.dumps(record["reward_components"])
+        table = pa.Table.from_pylist(records)
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._path, table.schema)
+        self._writer.write_table(table.cast(self._writer.schema))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from gateway.store.database import make_engine, require_current_schema
+
+    engine = make_engine(args.db)
+    require_current_schema(engine)
+    query = text(
+        "SELECT group_id, rollouts, reward_mean, reward_std, last_finished_at FROM group_stats "
+        "WHERE finished = rollouts AND last_finished_at > :since ORDER BY last_finished_at, group_id"
+    )
+    print(f"{'finished at':<20} {'group':<36} {'rollouts':>8} {'reward mean':>12} {'reward std':>11}", flush=True)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(query, {"since": 0.0}).all()
+        since = max((row.last_finished_at for row in rows), default=0.0)
+        rows = rows[-args.lines :] if args.lines > 0 else []
+        while True:
+            for group_id, rollouts, mean, std, finished_at in rows:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(finished_at))
+                print(f"{stamp:<20} {group_id:<36} {rollouts:>8} {_cell(mean):>12} {_cell(std):>11}", flush=True)
+                since = max(since, finished_at)
+            time.sleep(args.interval)
+            with engine.connect() as conn:
+                rows = conn.execute(query, {"since": since}).all()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""`TrainerClient`: step-wise GRPO samples straight from the gateway's store, claimed safely."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gateway.store.database import make_engine, require_current_schema
+from trainer_client.batch import Batch
+from trainer_client.claims import claim_groups, read_groups, release_claims
+from trainer_client.groups import SampleOptions, Selection, ready_groups
+from trainer_client.reader import load_samples
+
+
+class TrainerClient:
+    """Reads the database the gateway writes (the same SQLite file or PostgreSQL URL)."""
+
+    def __init__(self, db: str) -> None:
+        self.engine = make_engine(db)
+        self._write_engine = make_engine(db, pool_size=1, writer=True)
+        require_current_schema(self.engine)
+
+    def claim(self, trainer_id: str, step: int, options: SampleOptions | None = None) -> Batch:
+        """Atomically take ready groups for `trainer_id` at training `step`, as one batch.
+
+        No two trainers ever get the same rollout. Stale, failed and unrewarded rollouts met on the way are
+        marked with their reason (counted in `Batch.counts`) so nobody takes them again.
+        """
+        with self._write_engine.begin() as conn:
+            selection = claim_groups(conn, trainer_id, step, options or SampleOptions())
+        return self._load(selection)
+
+    def release(self, trainer_id: str, step: int | None = None) -> int:
+        """Return claimed rollouts (a failed step) so that they can be claimed again; returns how many."""
+        with self._write_engine.begin() as conn:
+            return release_claims(conn, trainer_id, step)
+
+    def read(self, options: SampleOptions | None = None) -> Batch:
+        """Every ready group, claimed or not, without claiming: for evaluation, export and analysis."""
+        return next(self.iter_batches(options, groups_per_batch=None), Batch([]))
+
+    def iter_batches(self, options: SampleOptions | None = None, groups_per_batch: int | None = 100) -> Iterator[Batch]:
+        """Ready groups in chunks, oldest first, claiming nothing (for exports that do not fit in memory)."""
+        options = options or SampleOptions()
+        with self.engine.connect() as conn:
+            groups = ready_groups(conn, options, unclaimed_only=False)
+        size = groups_per_batch or max(len(groups), 1)
+        for start in range(0, len(groups), size):
+            with self.engine.connect() as conn:
+                selection = read_groups(conn, groups[start : start + size], options)
+            yield self._load(selection)
+
+    def _load(self, selection: Selection) -> Batch:
+        with self.engine.connect() as conn:
+            return Batch(load_samples(conn, selection.rollouts), selection.counts())
+
+    def close(self) -> None:
+        self._write_engine.dispose()
+        self.engine.dispose()
+
+    def __enter__(self) -> TrainerClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,168 @@
+"""Which GRPO groups are ready for training, which of their rollouts are trainable, and their advantages.
+
+A group is ready when all its rollouts are finished, or when `group_timeout` seconds have passed since its
+first rollout was created (then its finished rollouts are served and the unfinished ones are marked `late`).
+A rollout is trainable when it finished `completed` or `truncated`, has a reward, is not stale, and had no
+error or cancelled turn (with `include_errors` such a rollout is kept, masked: it counts in its group's
+statistics but carries no loss). A group with no trainable rollout is dropped, never served empty.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy.engine import Connection
+
+from gateway.store import schema
+
+TRAINABLE_STATUSES = ("completed", "truncated")
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    group_timeout: float | None = None
+    """Serve a group's finished rollouts this many seconds after it started, even if others still run."""
+    include_errors: bool = False
+    """Keep rollouts with error or cancelled turns, with their loss masked."""
+    normalize_std: bool = True
+    """Divide by the group's reward std (GRPO); False gives the mean-centred variant."""
+    epsilon: float = 1e-6
+    current_version: int | None = None
+    max_staleness: int | None = None
+    """Skip rollouts whose oldest turn is more than this many policy versions behind `current_version`."""
+    max_groups: int | None = None
+
+
+@dataclass
+class RolloutInfo:
+    rollout_id: str
+    group_id: str
+    status: str
+    reward: float | None
+    reward_components: dict[str, float] | None
+    turns: int = 0
+    bad_turns: int = 0
+    versions: list[str] = field(default_factory=list)
+    skip_reason: str | None = None
+    masked: bool = False
+    advantage: float = 0.0
+
+    @property
+    def oldest_version(self) -> int | None:
+        numeric = [int(v) for v in self.versions if v is not None and v.lstrip("-").isdigit()]
+        return min(numeric) if numeric else None
+
+
+@dataclass
+class Selection:
+    """Ready groups, split into what is served and what is skipped (with reasons), and counters."""
+
+    served: dict[str, list[RolloutInfo]] = field(default_factory=dict)
+    skipped: list[RolloutInfo] = field(default_factory=list)
+    dropped_groups: list[str] = field(default_factory=list)
+
+    @property
+    def rollouts(self) -> list[RolloutInfo]:
+        return [r for group in self.served.values() for r in group]
+
+    def counts(self) -> dict[str, int]:
+        reasons = Counter(r.skip_reason for r in self.skipped)
+        served = self.rollouts
+        return {
+            "groups": len(self.served),
+            "rollouts": len(served),
+            "masked_rollouts": sum(r.masked for r in served),
+            "dropped_groups": len(self.dropped_groups),
+            **{f"skipped_{reason}": n for reason, n in sorted(reasons.items())},
+        }
+
+
+def ready_groups(
+    conn: Connection, options: SampleOptions, *, unclaimed_only: bool, now: float | None = None
+) -> list[str]:
+    """Groups ready to serve, oldest first."""
+    r = schema.rollouts
+    running = func.sum(case((r.c.status == schema.ROLLOUT_RUNNING, 1), else_=0))
+    ready = running == 0
+    if options.group_timeout is not None:
+        deadline = (now or time.time()) - options.group_timeout
+        ready = or_(ready, func.min(r.c.created_at) < deadline)
+    query = select(r.c.group_id).group_by(r.c.group_id)
+    if unclaimed_only:
+        unclaimed = func.sum(case((r.c.claimed_by.is_(None), 1), else_=0))
+        query = query.having(and_(unclaimed > 0, ready))
+    else:
+        query = query.having(ready)
+    query = query.order_by(func.min(r.c.created_at))
+    if options.max_groups is not None:
+        query = query.limit(options.max_groups)
+    return [row[0] for row in conn.execute(query)]
+
+
+def load_rollouts(conn: Connection, rollout_rows: list[Any]) -> list[RolloutInfo]:
+    """RolloutInfo for rollout rows, with their turn counts and policy versions."""
+    infos = {
+        row.rollout_id: RolloutInfo(row.rollout_id, row.group_id, row.status, row.reward, row.reward_components)
+        for row in rollout_rows
+    }
+    if not infos:
+        return []
+    t = schema.turns
+    bad = func.sum(case((t.c.status != schema.TURN_OK, 1), else_=0))
+    per_version = conn.execute(
+        select(t.c.rollout_id, t.c.policy_version, func.count(), bad)
+        .where(t.c.rollout_id.in_(list(infos)))
+        .group_by(t.c.rollout_id, t.c.policy_version)
+    )
+    for rollout_id, version, turns, bad_turns in per_version:
+        info = infos[rollout_id]
+        info.turns += turns
+        info.bad_turns += int(bad_turns or 0)
+        info.versions.append(version)
+    return list(infos.values())
+
+
+def classify(rollouts: list[RolloutInfo], options: SampleOptions) -> Selection:
+    """Decide, group by group, what is served; compute the served rollouts' advantages."""
+    selection = Selection()
+    groups: dict[str, list[RolloutInfo]] = defaultdict(list)
+    for info in rollouts:
+        info.skip_reason = _skip_reason(info, options)
+        info.masked = info.skip_reason is None and info.bad_turns > 0
+        groups[info.group_id].append(info)
+    for group_id, members in groups.items():
+        trainable = [r for r in members if r.skip_reason is None]
+        selection.skipped.extend(r for r in members if r.skip_reason is not None)
+        if not trainable:
+            selection.dropped_groups.append(group_id)
+            continue
+        rewards = np.array([r.reward for r in trainable], dtype=np.float64)
+        centred = rewards - rewards.mean()
+        advantages = centred / (rewards.std() + options.epsilon) if options.normalize_std else centred
+        for info, advantage in zip(trainable, advantages):
+            info.advantage = float(advantage)
+        selection.served[group_id] = trainable
+    return selection
+
+
+def _skip_reason(info: RolloutInfo, options: SampleOptions) -> str | None:
+    if info.status == schema.ROLLOUT_RUNNING:
+        return "late"
+    if info.status not in TRAINABLE_STATUSES:
+        return "failed"
+    if info.reward is None:
+        return "no_reward"
+    if info.turns == 0:
+        return "no_turns"
+    if info.bad_turns and not options.include_errors:
+        return "error_turns"
+    if options.current_version is not None and options.max_staleness is not None:
+        oldest = info.oldest_version
+        if oldest is not None and options.current_version - oldest > options.max_staleness:
+            return "stale"
+    return None

@@ -1,0 +1,69 @@
+"""Turning stored turns into step-wise samples: full prompts rebuilt from their deltas, ids decoded from the
+packed columns with numpy (no per-token Python loop)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from gateway.store import schema
+from gateway.store.chain import rebuild
+from gateway.store.tokens import unpack_ids, unpack_logprobs
+from trainer_client.groups import RolloutInfo
+from trainer_client.samples import StepSample
+
+_CHUNK = 500  # rollouts per query: keeps IN lists and memory bounded
+
+
+def load_samples(conn: Connection, rollouts: list[RolloutInfo]) -> list[StepSample]:
+    """Samples of the given rollouts, in rollout order then step order."""
+    samples: list[StepSample] = []
+    for start in range(0, len(rollouts), _CHUNK):
+        chunk = rollouts[start : start + _CHUNK]
+        turns = _turns_by_rollout(conn, [r.rollout_id for r in chunk])
+        for info in chunk:
+            samples.extend(_steps(info, turns.get(info.rollout_id, [])))
+    return samples
+
+
+def _turns_by_rollout(conn: Connection, rollout_ids: list[str]) -> dict[str, list[Any]]:
+    t = schema.turns
+    rows = conn.execute(
+        select(
+            t.c.rollout_id, t.c.turn_index, t.c.status, t.c.parent_turn, t.c.prefix_tokens, t.c.prompt_ids,
+            t.c.completion_ids, t.c.completion_logprobs, t.c.policy_version, t.c.finish_reason,
+        )
+        .where(t.c.rollout_id.in_(rollout_ids))
+        .order_by(t.c.rollout_id, t.c.turn_index)
+    ).mappings()
+    grouped: dict[str, list[Any]] = defaultdict(list)
+    for row in rows:
+        grouped[row["rollout_id"]].append(row)
+    return grouped
+
+
+def _steps(info: RolloutInfo, rows: list[Any]) -> list[StepSample]:
+    full = rebuild(rows)
+    steps = [row for row in rows if row["completion_ids"]]
+    return [
+        StepSample(
+            rollout_id=info.rollout_id,
+            group_id=info.group_id,
+            step=step,
+            turn_index=row["turn_index"],
+            is_last_step=step == len(steps) - 1,
+            prompt_ids=full[row["turn_index"]].prompt_ids,
+            completion_ids=unpack_ids(row["completion_ids"]),
+            logprobs=unpack_logprobs(row["completion_logprobs"]),
+            reward=float(info.reward) if info.reward is not None else 0.0,
+            reward_components=info.reward_components,
+            advantage=info.advantage,
+            policy_version=row["policy_version"],
+            finish_reason=row["finish_reason"],
+            masked=info.masked or row["status"] != schema.TURN_OK,
+        )
+        for step, row in enumerate(steps)
+    ]
