@@ -50,3 +50,30 @@ def detokenize(vllm: VLLMServer, ids: list[int]) -> str:
     response = httpx.post(vllm.url + "/detokenize", json={"model": "tiny", "tokens": ids}, timeout=30)
     response.raise_for_status()
     return response.json()["prompt"]
+
+
+def run_rollout(
+    gateway,
+    group_id: str,
+    *,
+    reward: float | None,
+    turns: int = 2,
+    status: str = "completed",
+    finish: bool = True,
+    failing_turn: bool = False,
+) -> str:
+    """A rollout through the real gateway: `turns` chat calls of a growing conversation, then finish."""
+    created = httpx.post(gateway.url + "/rollouts", json={"group_id": group_id}, timeout=30).json()
+    rollout_id = created["rollout_id"]
+    messages = [{"role": "user", "content": f"Start {group_id}."}]
+    for turn in range(turns):
+        body = {"model": "tiny", "messages": messages, "max_tokens": 4, "min_tokens": 4, "seed": turn}
+        reply = httpx.post(created["base_url"] + "/chat/completions", json=body, timeout=60).json()
+        answer = {"role": "assistant", "content": reply["choices"][0]["message"]["content"]}
+        messages = messages + [answer, {"role": "user", "content": "More."}]
+    if failing_turn:  # a request vLLM refuses: stored as an error turn
+        httpx.post(created["base_url"] + "/chat/completions", json={**body, "max_tokens": 100_000}, timeout=60)
+    if finish:
+        finish_body = {"status": status} if reward is None else {"status": status, "reward": reward}
+        httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json=finish_body, timeout=30).raise_for_status()
+    return rollout_id

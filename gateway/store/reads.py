@@ -63,5 +63,8 @@ def get_rollout(
         "rewards": [dict(reward) for reward in reward_rows],
         "created_at": row["created_at"],
         "finished_at": row["finished_at"],
+        "claimed_by": row["claimed_by"],
+        "claim_step": row["claim_step"],
+        "skip_reason": row["skip_reason"],
         "turns": turns,
     }
