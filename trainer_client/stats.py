@@ -1,4 +1,8 @@
-"""Store-wide statistics for `trainer-client stats`, in plain SQL over the gateway's tables and views."""
+"""Store-wide statistics for `trainer-client stats`, in plain SQL over the gateway's tables and views.
+
+Drift: a turn that extends an earlier one (`parent_turn`) drifts when its prompt does not reproduce that
+turn's exact prompt + completion ids (`drift_tokens > 0`): training on it would train on re-rendered tokens.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,6 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
-
-# A turn drifts when it has a parent but its prompt does not start with the parent's whole prompt + completion:
-# the re-rendered history differs, at the token level, from what the model saw and sampled.
-_DRIFT = "CASE WHEN t.parent_turn IS NOT NULL AND t.prefix_tokens < p.prompt_tokens + p.completion_tokens THEN 1 ELSE 0 END"
 
 QUERIES = {
     "rollouts": "SELECT status, COUNT(*) AS rollouts FROM rollouts GROUP BY status ORDER BY status",
@@ -20,10 +20,9 @@ QUERIES = {
         FROM group_stats
     """,
     "turns": """
-        SELECT t.status, COUNT(*) AS turns, SUM(t.prompt_tokens) AS prompt_tokens,
-               SUM(t.completion_tokens) AS completion_tokens, SUM(""" + _DRIFT + """) AS drift_turns
-        FROM turns t LEFT JOIN turns p ON p.rollout_id = t.rollout_id AND p.turn_index = t.parent_turn
-        GROUP BY t.status ORDER BY t.status
+        SELECT status, COUNT(*) AS turns, SUM(prompt_tokens) AS prompt_tokens,
+               SUM(completion_tokens) AS completion_tokens
+        FROM turns GROUP BY status ORDER BY status
     """,
     "rewards": """
         SELECT COUNT(reward) AS rewarded, AVG(reward) AS mean,
@@ -43,10 +42,11 @@ QUERIES = {
     "policy_versions": """
         SELECT t.policy_version, COUNT(DISTINCT t.rollout_id) AS rollouts, COUNT(*) AS turns,
                SUM(CASE WHEN t.status <> 'ok' THEN 1 ELSE 0 END) AS error_turns,
-               SUM(""" + _DRIFT + """) AS drift_turns,
-               SUM(t.completion_tokens) AS completion_tokens
-        FROM turns t LEFT JOIN turns p ON p.rollout_id = t.rollout_id AND p.turn_index = t.parent_turn
-        GROUP BY t.policy_version ORDER BY t.policy_version
+               SUM(t.completion_tokens) AS completion_tokens,
+               d.extending_turns, d.drifted_turns, d.drift_rate, d.forked_turns
+        FROM turns t JOIN drift_by_policy_version d ON d.policy_version = t.policy_version
+        GROUP BY t.policy_version, d.extending_turns, d.drifted_turns, d.drift_rate, d.forked_turns
+        ORDER BY t.policy_version
     """,
 }
 

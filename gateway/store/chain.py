@@ -1,67 +1,191 @@
-"""Delta storage of turns: what a turn shares with its parent is stored once, in the parent.
+"""Lineage of a rollout's turns, and delta storage along it.
 
-A turn's parent is the latest earlier turn of its rollout that has tokens. The turn stores the length of the
-prefix its prompt shares with the parent's prompt + completion ids, and only the ids after it; likewise
-for the request messages. `rebuild` turns those rows back into full prompts and message lists.
+**Parent.** A chat turn's parent is the latest earlier turn whose request messages followed by its reply are
+a prefix of this turn's messages: the harness sent back that turn's history and answer, plus what is new.
+Messages are compared in a canonical form (role, content, tool names and arguments, tool-result content;
+ids and reasoning ignored, since harnesses often rewrite ids and drop reasoning when they echo a reply).
+A completions turn's parent is the latest earlier turn whose prompt + completion ids are a prefix of its
+prompt. A turn with no parent whose history shares a beginning with an earlier turn was *forked* from the
+one sharing the most (the harness edited, summarised or truncated its history).
+
+**Drift.** `prefix_tokens` is how many leading ids the turn's prompt shares with its parent's (or fork
+origin's) prompt + completion; for a turn with a parent, `drift_tokens` is how many of the parent's exact ids
+the prompt does not reproduce (0: the turn extends its parent exactly, token for token).
+
+**Delta storage.** A turn stores only the prompt ids after `prefix_tokens` and the messages after
+`prefix_messages`; the rest lives in its reference turn (parent, else fork origin). `rebuild` restores
+full prompts and message lists. Storage grows linearly with a rollout's length, not with its square.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from gateway.store.tokens import common_prefix_len, unpack_ids
 
+Messages = list[dict[str, Any]]
+_RECENT_SEQUENCES = 2  # turns whose full ids stay in memory; older ones are read back on demand
+
+
+def canonical_message(message: Mapping[str, Any]) -> bytes:
+    content = message.get("content")
+    calls = [
+        (call.get("function") or {}).get("name", "") + "\0" + _canonical_arguments((call.get("function") or {}).get("arguments"))
+        for call in message.get("tool_calls") or ()
+    ]
+    return orjson.dumps([message.get("role"), content if content not in ("", None) else None, calls, message.get("name")])
+
+
+def _canonical_arguments(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+    return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def history_hashes(messages: Messages) -> list[bytes]:
+    """h[k] identifies messages[:k + 1], in canonical form."""
+    hashes, current = [], b""
+    for message in messages:
+        current = hashlib.blake2b(current + canonical_message(message), digest_size=16).digest()
+        hashes.append(current)
+    return hashes
+
+
+def reply_message(content: str | None, tool_calls: list[Any] | None) -> dict[str, Any]:
+    """The assistant message a harness sends back for a reply."""
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls}
+
 
 @dataclass
-class ChainTip:
-    """The latest turn of a rollout that has tokens: what the next turn is stored against."""
+class Node:
+    index: int
+    messages: Messages | None
+    sequence: np.ndarray | None  # prompt + completion ids; None once it is no longer recent
 
-    turn_index: int
-    sequence: np.ndarray
-    messages: list[dict[str, Any]] | None
+
+@dataclass
+class Lineage:
+    """What the writer keeps of one rollout to place its next turn."""
+
+    last_index: int = -1
+    nodes: dict[int, Node] = field(default_factory=dict)
+    extends: dict[bytes, int] = field(default_factory=dict)  # hash(messages + reply) of an ok turn -> turn
+    prefixes: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # hash(messages[:k]) -> (turn, k)
 
     @property
     def tokens(self) -> int:
-        return int(self.sequence.shape[0])
+        return sum(n.sequence.shape[0] for n in self.nodes.values() if n.sequence is not None)
+
+    def add(
+        self, index: int, messages: Messages | None, sequence: np.ndarray | None, reply: dict[str, Any] | None
+    ) -> None:
+        """Register a committed turn; `reply` only for turns whose answer reached the agent whole."""
+        self.last_index = max(self.last_index, index)
+        if sequence is None or sequence.shape[0] == 0:
+            return
+        self.nodes[index] = Node(index, messages, sequence)
+        for old in sorted(self.nodes)[:-_RECENT_SEQUENCES]:
+            self.nodes[old].sequence = None
+        if messages:
+            for k, digest in enumerate(history_hashes(messages), start=1):
+                self.prefixes[digest] = (index, k)
+            if reply is not None:
+                self.extends[history_hashes([*messages, reply])[-1]] = index
 
 
 @dataclass
-class Delta:
+class Placement:
+    """Where a new turn sits in its rollout, and what of it is stored."""
+
     parent_turn: int | None
+    forked_from: int | None
     prefix_tokens: int
+    drift_tokens: int | None
     prompt_suffix: np.ndarray
     prefix_messages: int
-    new_messages: list[dict[str, Any]] | None
+    new_messages: Messages | None
 
 
-def common_message_prefix(a: list[dict[str, Any]] | None, b: list[dict[str, Any]] | None) -> int:
-    if not a or not b:
-        return 0
+def place(
+    lineage: Lineage, prompt_ids: np.ndarray, messages: Messages | None, load: Callable[[int], Node]
+) -> Placement:
+    """Find the new turn's parent (or fork origin) and its delta against it.
+
+    `load(index)` returns a node with its full sequence and messages, from the database if need be.
+    """
+    parent, forked = _parent(lineage, prompt_ids, messages, load)
+    reference = parent if parent is not None else forked
+    if reference is None or prompt_ids.shape[0] == 0:
+        return Placement(None, None, 0, None, prompt_ids, 0, messages)
+    node = _full(lineage, reference, load)
+    assert node.sequence is not None
+    prefix = common_prefix_len(prompt_ids, node.sequence)
+    shared = _equal_prefix(messages, node.messages)
+    drift = int(node.sequence.shape[0]) - prefix if parent is not None else None
+    new_messages = messages[shared:] if messages is not None else None
+    return Placement(parent, forked, prefix, drift, prompt_ids[prefix:], shared, new_messages)
+
+
+def _parent(
+    lineage: Lineage, prompt_ids: np.ndarray, messages: Messages | None, load: Callable[[int], Node]
+) -> tuple[int | None, int | None]:
+    if messages:
+        hashes = history_hashes(messages)
+        for digest in reversed(hashes):
+            if digest in lineage.extends:
+                return lineage.extends[digest], None
+        for digest in reversed(hashes):
+            if digest in lineage.prefixes:
+                return None, lineage.prefixes[digest][0]
+        return None, None
+    best, best_len = None, 0
+    recent = [n for n in lineage.nodes.values() if n.sequence is not None]
+    for node in sorted(recent, key=lambda n: n.index, reverse=True):
+        index, sequence = node.index, node.sequence
+        assert sequence is not None
+        shared = common_prefix_len(prompt_ids, sequence)
+        if shared == sequence.shape[0]:
+            return index, None
+        if shared > best_len:
+            best, best_len = index, shared
+    return None, best
+
+
+def _full(lineage: Lineage, index: int, load: Callable[[int], Node]) -> Node:
+    node = lineage.nodes.get(index)
+    if node is None or node.sequence is None:
+        node = load(index)
+    return node
+
+
+def _equal_prefix(a: Messages | None, b: Messages | None) -> int:
     n = 0
-    for left, right in zip(a, b):
+    for left, right in zip(a or (), b or ()):
         if left != right:
             break
         n += 1
     return n
 
 
-def delta_against(tip: ChainTip | None, prompt_ids: np.ndarray, messages: list[dict[str, Any]] | None) -> Delta:
-    if tip is None or prompt_ids.shape[0] == 0:
-        return Delta(None, 0, prompt_ids, 0, messages)
-    prefix = common_prefix_len(prompt_ids, tip.sequence)
-    shared = common_message_prefix(messages, tip.messages)
-    new_messages = messages[shared:] if messages is not None else None
-    return Delta(tip.turn_index, prefix, prompt_ids[prefix:], shared, new_messages)
-
-
 @dataclass
 class FullTurn:
     prompt_ids: np.ndarray
-    messages: list[dict[str, Any]] | None
+    messages: Messages | None
+
+
+def reference_of(row: Mapping[str, Any]) -> int | None:
+    """The turn a stored row's delta is taken against."""
+    parent = row["parent_turn"]
+    return parent if parent is not None else row.get("forked_from")
 
 
 def rebuild(rows: Iterable[Mapping[str, Any]]) -> dict[int, FullTurn]:
@@ -74,12 +198,11 @@ def rebuild(rows: Iterable[Mapping[str, Any]]) -> dict[int, FullTurn]:
     for row in rows:
         suffix = unpack_ids(row["prompt_ids"])
         messages = row.get("messages")
-        parent = row["parent_turn"]
-        if parent is not None and parent in full:
-            prompt = np.concatenate([sequences[parent][: row["prefix_tokens"]], suffix])
+        reference = reference_of(row)
+        if reference is not None and reference in full:
+            prompt = np.concatenate([sequences[reference][: row["prefix_tokens"]], suffix])
             if messages is not None:
-                parent_messages = full[parent].messages or []
-                messages = parent_messages[: row["prefix_messages"]] + list(messages)
+                messages = (full[reference].messages or [])[: row["prefix_messages"]] + list(messages)
         else:
             prompt = suffix
         index = row["turn_index"]
@@ -88,12 +211,16 @@ def rebuild(rows: Iterable[Mapping[str, Any]]) -> dict[int, FullTurn]:
     return full
 
 
-def tip_of(rows: list[Mapping[str, Any]]) -> ChainTip | None:
-    """The chain tip of a rollout, rebuilt from all its rows (after a restart or another replica's writes)."""
+def lineage_of(rows: list[Mapping[str, Any]]) -> tuple[Lineage, dict[int, Node]]:
+    """A rollout's lineage rebuilt from all its rows, and every node with its full sequence."""
     full = rebuild(rows)
-    for row in reversed(rows):
-        if row["prompt_tokens"]:
-            turn = full[row["turn_index"]]
-            sequence = np.concatenate([turn.prompt_ids, unpack_ids(row["completion_ids"])])
-            return ChainTip(row["turn_index"], sequence, turn.messages)
-    return None
+    lineage = Lineage()
+    nodes: dict[int, Node] = {}
+    for row in rows:
+        index = row["turn_index"]
+        sequence = np.concatenate([full[index].prompt_ids, unpack_ids(row["completion_ids"])])
+        ok = row["status"] == "ok"
+        reply = reply_message(row["content"], row["tool_calls"]) if ok else None
+        lineage.add(index, full[index].messages, sequence, reply)
+        nodes[index] = Node(index, full[index].messages, sequence)
+    return lineage, nodes

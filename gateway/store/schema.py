@@ -2,9 +2,9 @@
 
 Time columns are seconds since the Unix epoch (float) so that durations are plain subtractions in SQLite and
 PostgreSQL alike. Token columns hold packed arrays (see `gateway.store.tokens`). A turn stores only what is
-new against its parent turn: `prefix_tokens` ids are shared with the parent's prompt + completion and
-`prompt_ids` holds the rest; `prefix_messages` messages are shared with the parent's request and `messages`
-holds the rest. Storage therefore grows linearly with the length of a rollout, not with its square.
+new against the turn it extends (its parent, else the turn it was forked from): `prefix_tokens` ids are
+shared with that turn's prompt + completion and `prompt_ids` holds the rest; `prefix_messages` messages are
+shared with its request and `messages` holds the rest. Storage grows linearly with a rollout's length.
 """
 
 from __future__ import annotations
@@ -94,9 +94,11 @@ turns = Table(
     Column("reasoning", Text),
     Column("tool_calls", Json),
     Column("finish_reason", String(32)),
-    # Exact engine tokens.
+    # Exact engine tokens, and the turn's place in its rollout (see gateway.store.chain).
     Column("parent_turn", Integer),
+    Column("forked_from", Integer),
     Column("prefix_tokens", Integer, nullable=False),
+    Column("drift_tokens", Integer),
     Column("prompt_ids", Blob, nullable=False),
     Column("completion_ids", Blob, nullable=False),
     Column("completion_logprobs", Blob, nullable=False),

@@ -4,7 +4,7 @@ Requests enqueue an operation and await its future. The writer thread takes ever
 operations in one transaction, commits once, then resolves the futures. While a commit (and its fsync) is in
 flight, new operations pile up and share the next one, so durability costs one commit per batch instead of
 one per turn and never blocks the event loop. The writer also caches what it needs to know of each rollout
-(status, latest turn index, chain tip), so a turn of a known rollout is one INSERT.
+(status, lineage of its turns), so a turn of a known rollout is one INSERT.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from gateway.store import schema
-from gateway.store.chain import ChainTip, delta_against, tip_of
+from gateway.store.chain import Lineage, Node, lineage_of, place, reply_message
 from gateway.store.records import NewRollout, Reward, StoreError, TurnRecord
 from gateway.store.tokens import pack_ids, pack_logprobs
 
@@ -48,38 +48,32 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
 
 
-@dataclass
-class _Chain:
-    last_index: int
-    tip: ChainTip | None
-
-
-class ChainCache:
-    """Chain tips of recent rollouts, bounded by the number of ids held; owned by the writer thread."""
+class LineageCache:
+    """Lineages of recent rollouts, bounded by the number of ids held; owned by the writer thread."""
 
     def __init__(self, max_tokens: int) -> None:
-        self._entries: OrderedDict[str, _Chain] = OrderedDict()
+        self._entries: OrderedDict[str, Lineage] = OrderedDict()
+        self._sizes: dict[str, int] = {}
         self._tokens = 0
         self.max_tokens = max_tokens
 
-    def get(self, rollout_id: str) -> _Chain | None:
+    def get(self, rollout_id: str) -> Lineage | None:
         entry = self._entries.get(rollout_id)
         if entry is not None:
             self._entries.move_to_end(rollout_id)
         return entry
 
-    def put(self, rollout_id: str, entry: _Chain) -> None:
+    def put(self, rollout_id: str, entry: Lineage) -> None:
         self.drop(rollout_id)
         self._entries[rollout_id] = entry
-        self._tokens += entry.tip.tokens if entry.tip else 0
+        self._sizes[rollout_id] = entry.tokens
+        self._tokens += self._sizes[rollout_id]
         while self._tokens > self.max_tokens and len(self._entries) > 1:
-            _, old = self._entries.popitem(last=False)
-            self._tokens -= old.tip.tokens if old.tip else 0
+            self.drop(next(iter(self._entries)))
 
     def drop(self, rollout_id: str) -> None:
-        old = self._entries.pop(rollout_id, None)
-        if old is not None and old.tip is not None:
-            self._tokens -= old.tip.tokens
+        if self._entries.pop(rollout_id, None) is not None:
+            self._tokens -= self._sizes.pop(rollout_id)
 
 
 class StoreWriter:
@@ -94,11 +88,11 @@ class StoreWriter:
         self._engine = engine
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._chains = ChainCache(chain_cache_tokens)
+        self._lineages = LineageCache(chain_cache_tokens)
         self.rollout_status: dict[str, str] = {}
         """Status of rollouts this process has seen, as of the latest commit."""
         # Changes made by the transaction in progress; published to the caches above once it commits.
-        self._batch_chains: dict[str, _Chain] = {}
+        self._batch_lineages: dict[str, Lineage] = {}
         self._batch_status: dict[str, str] = {}
         self._finished: list[str] = []
         self.commits = 0
@@ -166,20 +160,25 @@ class StoreWriter:
 
     def _transaction(self, operations: list[Operation]) -> list[tuple[Any, BaseException | None]]:
         outcomes: list[tuple[Any, BaseException | None]] = []
-        self._batch_chains.clear()
+        self._batch_lineages.clear()
         self._batch_status.clear()
         self._finished.clear()
-        with self._engine.connect() as conn, conn.begin():
-            for operation in operations:
-                try:
-                    outcomes.append((operation(conn), None))
-                except StoreError as exc:  # refused before writing anything
-                    outcomes.append((None, exc))
+        try:
+            with self._engine.connect() as conn, conn.begin():
+                for operation in operations:
+                    try:
+                        outcomes.append((operation(conn), None))
+                    except StoreError as exc:  # refused before writing anything
+                        outcomes.append((None, exc))
+        except BaseException:
+            for rollout_id in self._batch_lineages:  # they hold turns that were not committed
+                self._lineages.drop(rollout_id)
+            raise
         self.commits += 1
-        for rollout_id, chain in self._batch_chains.items():
-            self._chains.put(rollout_id, chain)
+        for rollout_id, lineage in self._batch_lineages.items():
+            self._lineages.put(rollout_id, lineage)
         for rollout_id in self._finished:
-            self._chains.drop(rollout_id)
+            self._lineages.drop(rollout_id)
         self.rollout_status.update(self._batch_status)
         if len(self.rollout_status) > 200_000:
             for key in list(self.rollout_status)[:50_000]:
@@ -193,7 +192,7 @@ class StoreWriter:
                 return self._transaction([operation])[0]
             except IntegrityError as exc:  # another writer got there first: re-read, back off, try again
                 error = exc
-                self._chains = ChainCache(self._chains.max_tokens)
+                self._lineages = LineageCache(self._lineages.max_tokens)
                 self.rollout_status.clear()
                 time.sleep(random.uniform(0, 0.001 * 2**attempt))
             except Exception as exc:  # noqa: BLE001 - handed to the caller's future
@@ -214,20 +213,31 @@ class StoreWriter:
             status = conn.execute(select(r.c.status).where(r.c.rollout_id == rollout_id)).scalar()
         return status
 
-    def _chain(self, conn: Connection, rollout_id: str) -> _Chain:
-        chain = self._batch_chains.get(rollout_id) or self._chains.get(rollout_id)
-        if chain is not None:
-            return chain
+    def _lineage(self, conn: Connection, rollout_id: str) -> Lineage:
+        lineage = self._batch_lineages.get(rollout_id) or self._lineages.get(rollout_id)
+        if lineage is None:
+            lineage, _ = lineage_of(self._rows(conn, rollout_id))
+        self._batch_lineages[rollout_id] = lineage
+        return lineage
+
+    def _rows(self, conn: Connection, rollout_id: str) -> list[Any]:
         t = schema.turns
-        rows = conn.execute(
-            select(
-                t.c.turn_index, t.c.parent_turn, t.c.prefix_tokens, t.c.prompt_ids, t.c.completion_ids,
-                t.c.prefix_messages, t.c.messages, t.c.prompt_tokens,
-            )
-            .where(t.c.rollout_id == rollout_id)
-            .order_by(t.c.turn_index)
-        ).mappings().all()
-        return _Chain(rows[-1]["turn_index"] if rows else -1, tip_of(list(rows)))
+        return list(
+            conn.execute(
+                select(
+                    t.c.turn_index, t.c.status, t.c.parent_turn, t.c.forked_from, t.c.prefix_tokens,
+                    t.c.prompt_ids, t.c.completion_ids, t.c.prefix_messages, t.c.messages, t.c.content,
+                    t.c.tool_calls,
+                )
+                .where(t.c.rollout_id == rollout_id)
+                .order_by(t.c.turn_index)
+            ).mappings()
+        )
+
+    def _node(self, conn: Connection, rollout_id: str, index: int) -> Node:
+        """A turn's full ids and messages, read back from the database (it left the in-memory lineage)."""
+        _, nodes = lineage_of(self._rows(conn, rollout_id))
+        return nodes[index]
 
     # -- operations (writer thread; each validates before it writes) -------------------------------------
 
@@ -259,7 +269,7 @@ class StoreWriter:
         }
         conn.execute(_INSERT_ROLLOUT, row)
         self._batch_status[new.rollout_id] = schema.ROLLOUT_RUNNING
-        self._batch_chains[new.rollout_id] = _Chain(-1, None)
+        self._batch_lineages[new.rollout_id] = Lineage()
         return row
 
     def _insert_turn(self, conn: Connection, record: TurnRecord) -> int:
@@ -268,9 +278,11 @@ class StoreWriter:
             raise StoreError(409, f"rollout {record.rollout_id!r} is already {status}", "rollout_finished")
         if status is None:
             self._insert_rollout(conn, NewRollout(record.rollout_id))
-        chain = self._chain(conn, record.rollout_id)
-        index = chain.last_index + 1
-        delta = delta_against(chain.tip, record.prompt_ids, record.messages)
+        lineage = self._lineage(conn, record.rollout_id)
+        index = lineage.last_index + 1
+        placement = place(
+            lineage, record.prompt_ids, record.messages, lambda i: self._node(conn, record.rollout_id, i)
+        )
         conn.execute(
             _INSERT_TURN,
             {
@@ -284,8 +296,8 @@ class StoreWriter:
                 "http_status": record.http_status,
                 "backend": record.backend,
                 "policy_version": record.policy_version,
-                "prefix_messages": delta.prefix_messages,
-                "messages": delta.new_messages,
+                "prefix_messages": placement.prefix_messages,
+                "messages": placement.new_messages,
                 "prompt_text": record.prompt_text,
                 "tools": record.tools,
                 "params": record.params,
@@ -293,9 +305,11 @@ class StoreWriter:
                 "reasoning": record.reasoning,
                 "tool_calls": record.tool_calls,
                 "finish_reason": record.finish_reason,
-                "parent_turn": delta.parent_turn,
-                "prefix_tokens": delta.prefix_tokens,
-                "prompt_ids": pack_ids(delta.prompt_suffix),
+                "parent_turn": placement.parent_turn,
+                "forked_from": placement.forked_from,
+                "prefix_tokens": placement.prefix_tokens,
+                "drift_tokens": placement.drift_tokens,
+                "prompt_ids": pack_ids(placement.prompt_suffix),
                 "completion_ids": pack_ids(record.completion_ids),
                 "completion_logprobs": pack_logprobs(record.completion_logprobs),
                 "prompt_tokens": int(record.prompt_ids.shape[0]),
@@ -305,10 +319,13 @@ class StoreWriter:
                 "finished_at": record.finished_at,
             },
         )
-        tip = chain.tip
-        if record.prompt_ids.shape[0]:
-            tip = ChainTip(index, np.concatenate([record.prompt_ids, record.completion_ids]), record.messages)
-        self._batch_chains[record.rollout_id] = _Chain(index, tip)
+        ok = record.status == schema.TURN_OK
+        lineage.add(
+            index,
+            record.messages,
+            np.concatenate([record.prompt_ids, record.completion_ids]),
+            reply_message(record.content, record.tool_calls) if ok else None,
+        )
         return index
 
     def _require_rollout(self, conn: Connection, rollout_id: str) -> dict[str, Any]:
