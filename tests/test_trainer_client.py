@@ -268,3 +268,68 @@ def test_tail_prints_groups_as_they_finish(store):
     assert "reward mean" in header
     assert first.split()[2:4] == ["before", "1"]
     assert second.split()[2:5] == ["after", "1", "0.5000"]
+
+
+def exact_completions_rollout(gateway, vllm, turns: int) -> str:
+    """A token-in agent that sends back exactly what the model produced, plus an environment token each turn."""
+    from support import tokenize_chat
+
+    created = httpx.post(gateway.url + "/rollouts", json={"group_id": "exact"}).json()
+    prompt = tokenize_chat(vllm, [{"role": "user", "content": "Count."}])
+    for _ in range(turns):
+        reply = httpx.post(
+            created["base_url"] + "/completions",
+            json={"model": "tiny", "prompt": prompt, "max_tokens": 3, "min_tokens": 3, "return_token_ids": True},
+        ).json()["choices"][0]
+        prompt = reply["prompt_token_ids"] + reply["token_ids"] + [198]
+    httpx.post(f"{gateway.url}/rollouts/{created['rollout_id']}/finish", json={"reward": 1.0})
+    return created["rollout_id"]
+
+
+def test_merged_sample_joins_an_exact_chain_and_keeps_every_completion_token(store, vllm):
+    gateway, client, db_url = store
+    rollout = exact_completions_rollout(gateway, vllm, turns=3)
+
+    steps = client.read().samples
+    merged = client.read(SampleOptions(merged=True)).samples
+
+    assert len(steps) == 3 and len(merged) == 1
+    sample = merged[0]
+    assert sample.turn_indices == [0, 1, 2]
+    assert sample.input_ids.tolist() == steps[-1].input_ids.tolist()
+    kept = sample.input_ids[sample.loss_mask == 1]
+    assert kept.tolist() == [t for s in steps for t in s.completion_ids.tolist()]
+    assert sample.token_logprobs[sample.loss_mask == 1].tolist() == [x for s in steps for x in s.logprobs.tolist()]
+    assert sample.token_logprobs[sample.loss_mask == 0].tolist() == [0.0] * int((sample.loss_mask == 0).sum())
+    batch = client.read(SampleOptions(merged=True))
+    assert batch.metrics()["tokens"] == len(sample.input_ids) < sum(len(s.input_ids) for s in steps)
+    assert batch.padded()["loss_mask"][0].sum() == 9
+    assert stored_rollout(db_url, rollout)["turns"][2]["drift_tokens"] == 0
+
+
+def test_merging_refuses_turns_that_drift(store):
+    gateway, client, db_url = store
+    rollout = run_rollout(gateway, "g", reward=1.0, turns=3)
+    drifts = [t["drift_tokens"] for t in stored_rollout(db_url, rollout)["turns"]]
+
+    merged = client.read(SampleOptions(merged=True)).samples
+
+    expected_samples = 1 + sum(1 for d in drifts[1:] if d != 0)
+    assert len(merged) == expected_samples
+    assert sum(len(m.turn_indices) for m in merged) == 3
+
+
+def test_export_merged_writes_one_line_per_chain(store, vllm, tmp_path):
+    gateway, client, db_url = store
+    exact_completions_rollout(gateway, vllm, turns=2)
+    output = tmp_path / "merged.jsonl"
+
+    subprocess.run(
+        [sys.executable, "-m", "trainer_client.cli", "export", "--db", db_url, "--merged", "-o", str(output)],
+        check=True,
+    )
+
+    (line,) = [json.loads(text) for text in output.read_text().splitlines()]
+    assert line["turn_indices"] == [0, 1]
+    assert sum(line["loss_mask"]) == 6
+    assert len(line["logprobs"]) == len(line["input_ids"]) == len(line["loss_mask"])

@@ -8,12 +8,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_client.samples import StepSample
+from trainer_client.samples import MergedSample, StepSample
+
+Sample = StepSample | MergedSample
 
 
 @dataclass
 class Batch:
-    samples: list[StepSample]
+    samples: list[Sample]
     counts: dict[str, int] = field(default_factory=dict)
     """Groups and rollouts served, groups dropped, rollouts skipped by reason."""
 
@@ -27,7 +29,8 @@ class Batch:
     def padded(self, pad_id: int = 0) -> dict[str, torch.Tensor]:
         """Right-padded [B, L] tensors; `old_logprobs[b, t]` is the sampling logprob of `input_ids[b, t]`
         (0 on prompt and padding), `advantages[b, t]` the sample's advantage on its loss tokens."""
-        lengths = [s.prompt_ids.shape[0] + s.completion_ids.shape[0] for s in self.samples]
+        sequences = [(s.input_ids, s.loss_mask, s.token_logprobs) for s in self.samples]
+        lengths = [ids.shape[0] for ids, _, _ in sequences]
         width = max(lengths, default=0)
         rows = len(self.samples)
         input_ids = np.full((rows, width), pad_id, dtype=np.int64)
@@ -35,13 +38,12 @@ class Batch:
         loss_mask = np.zeros((rows, width), dtype=np.float32)
         old_logprobs = np.zeros((rows, width), dtype=np.float32)
         advantages = np.zeros((rows, width), dtype=np.float32)
-        for row, (sample, length) in enumerate(zip(self.samples, lengths)):
-            start = sample.prompt_ids.shape[0]
-            input_ids[row, :start] = sample.prompt_ids
-            input_ids[row, start:length] = sample.completion_ids
+        for row, (sample, (ids, mask, logprobs)) in enumerate(zip(self.samples, sequences)):
+            length = ids.shape[0]
+            input_ids[row, :length] = ids
             attention[row, :length] = 1
-            loss_mask[row, :length] = sample.loss_mask
-            old_logprobs[row, start:length] = sample.logprobs
+            loss_mask[row, :length] = mask
+            old_logprobs[row, :length] = logprobs
             advantages[row, :length] = sample.advantage * loss_mask[row, :length]
         return {
             "input_ids": torch.from_numpy(input_ids),
@@ -54,15 +56,15 @@ class Batch:
     def packed(self) -> dict[str, torch.Tensor]:
         """All samples in one [1, T] row for variable-length attention kernels: `cu_seqlens` [B + 1] marks
         where each sample starts, `position_ids` restart at 0 for each."""
-        lengths = np.array([s.prompt_ids.shape[0] + s.completion_ids.shape[0] for s in self.samples], dtype=np.int64)
-        cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         parts_ids, parts_mask, parts_logprobs, parts_adv = [], [], [], []
         for sample in self.samples:
             mask = sample.loss_mask.astype(np.float32)
-            parts_ids += [sample.prompt_ids, sample.completion_ids]
+            parts_ids.append(sample.input_ids)
             parts_mask.append(mask)
-            parts_logprobs += [np.zeros(sample.prompt_ids.shape[0], dtype=np.float32), sample.logprobs]
+            parts_logprobs.append(sample.token_logprobs)
             parts_adv.append(mask * np.float32(sample.advantage))
+        lengths = np.array([ids.shape[0] for ids in parts_ids], dtype=np.int64)
+        cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         total = int(cu_seqlens[-1])
         positions = np.arange(total, dtype=np.int64) - np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
 
@@ -83,13 +85,14 @@ class Batch:
         """Trajectory-level reward metrics (each rollout counts once), turn-level counts beside them."""
         first_steps = {s.rollout_id: s for s in self.samples}
         rewards = np.array([s.reward for s in first_steps.values()], dtype=np.float64)
-        tokens = sum(int(s.completion_ids.shape[0]) for s in self.samples if not s.masked)
+        tokens = sum(int(s.loss_mask.sum()) for s in self.samples)
         return {
             "rollouts": float(len(first_steps)),
             "reward_mean": float(rewards.mean()) if rewards.size else 0.0,
             "reward_std": float(rewards.std()) if rewards.size else 0.0,
-            "steps": float(len(self.samples)),
-            "steps_per_rollout": len(self.samples) / max(len(first_steps), 1),
+            "samples": float(len(self.samples)),
+            "samples_per_rollout": len(self.samples) / max(len(first_steps), 1),
+            "tokens": float(sum(int(s.input_ids.shape[0]) for s in self.samples)),
             "loss_tokens": float(tokens),
             **{name: float(value) for name, value in self.counts.items()},
         }

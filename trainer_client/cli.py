@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--include-errors", action="store_true", help="keep rollouts with failed turns, masked")
     export.add_argument("--no-std", action="store_true", help="advantages centred but not divided by the std")
     export.add_argument(
+        "--merged", action="store_true", help="one sample per chain of turns that extend each other exactly"
+    )
+    export.add_argument(
         "--group-timeout", type=float, default=None, help="serve a group's finished rollouts after this many seconds"
     )
 
@@ -97,7 +100,10 @@ def _export(args: argparse.Namespace) -> int:
     from trainer_client.groups import SampleOptions, ready_groups
 
     options = SampleOptions(
-        group_timeout=args.group_timeout, include_errors=args.include_errors, normalize_std=not args.no_std
+        group_timeout=args.group_timeout,
+        include_errors=args.include_errors,
+        normalize_std=not args.no_std,
+        merged=args.merged,
     )
     sink = _JsonlSink(Path(args.output)) if args.format == "jsonl" else _ParquetSink(Path(args.output))
     written = 0

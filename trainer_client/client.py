@@ -25,9 +25,10 @@ class TrainerClient:
         No two trainers ever get the same rollout. Stale, failed and unrewarded rollouts met on the way are
         marked with their reason (counted in `Batch.counts`) so nobody takes them again.
         """
+        options = options or SampleOptions()
         with self._write_engine.begin() as conn:
-            selection = claim_groups(conn, trainer_id, step, options or SampleOptions())
-        return self._load(selection)
+            selection = claim_groups(conn, trainer_id, step, options)
+        return self._load(selection, options)
 
     def release(self, trainer_id: str, step: int | None = None) -> int:
         """Return claimed rollouts (a failed step) so that they can be claimed again; returns how many."""
@@ -47,11 +48,12 @@ class TrainerClient:
         for start in range(0, len(groups), size):
             with self.engine.connect() as conn:
                 selection = read_groups(conn, groups[start : start + size], options)
-            yield self._load(selection)
+            yield self._load(selection, options)
 
-    def _load(self, selection: Selection) -> Batch:
+    def _load(self, selection: Selection, options: SampleOptions) -> Batch:
         with self.engine.connect() as conn:
-            return Batch(load_samples(conn, selection.rollouts), selection.counts())
+            samples = load_samples(conn, selection.rollouts, merged=options.merged)
+        return Batch(samples, selection.counts())
 
     def close(self) -> None:
         self._write_engine.dispose()

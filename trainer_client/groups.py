@@ -36,6 +36,8 @@ class SampleOptions:
     max_staleness: int | None = None
     """Skip rollouts whose oldest turn is more than this many policy versions behind `current_version`."""
     max_groups: int | None = None
+    merged: bool = False
+    """One sample per chain of turns that extend each other exactly, instead of one per turn."""
 
 
 @dataclass

@@ -13,19 +13,22 @@ from gateway.store import schema
 from gateway.store.chain import rebuild
 from gateway.store.tokens import unpack_ids, unpack_logprobs
 from trainer_client.groups import RolloutInfo
-from trainer_client.samples import StepSample
+from trainer_client.samples import MergedSample, StepSample, merge_steps
 
 _CHUNK = 500  # rollouts per query: keeps IN lists and memory bounded
 
 
-def load_samples(conn: Connection, rollouts: list[RolloutInfo]) -> list[StepSample]:
-    """Samples of the given rollouts, in rollout order then step order."""
-    samples: list[StepSample] = []
+def load_samples(
+    conn: Connection, rollouts: list[RolloutInfo], *, merged: bool = False
+) -> list[StepSample] | list[MergedSample]:
+    """Samples of the given rollouts, in rollout order then step order; `merged` joins exact chains."""
+    samples: list[Any] = []
     for start in range(0, len(rollouts), _CHUNK):
         chunk = rollouts[start : start + _CHUNK]
         turns = _turns_by_rollout(conn, [r.rollout_id for r in chunk])
         for info in chunk:
-            samples.extend(_steps(info, turns.get(info.rollout_id, [])))
+            steps = _steps(info, turns.get(info.rollout_id, []))
+            samples.extend(merge_steps(steps) if merged else steps)
     return samples
 
 
@@ -34,7 +37,7 @@ def _turns_by_rollout(conn: Connection, rollout_ids: list[str]) -> dict[str, lis
     rows = conn.execute(
         select(
             t.c.rollout_id, t.c.turn_index, t.c.status, t.c.parent_turn, t.c.forked_from, t.c.prefix_tokens, t.c.prompt_ids,
-            t.c.completion_ids, t.c.completion_logprobs, t.c.policy_version, t.c.finish_reason,
+            t.c.completion_ids, t.c.completion_logprobs, t.c.policy_version, t.c.finish_reason, t.c.drift_tokens,
         )
         .where(t.c.rollout_id.in_(rollout_ids))
         .order_by(t.c.rollout_id, t.c.turn_index)
@@ -64,6 +67,8 @@ def _steps(info: RolloutInfo, rows: list[Any]) -> list[StepSample]:
             policy_version=row["policy_version"],
             finish_reason=row["finish_reason"],
             masked=info.masked or row["status"] != schema.TURN_OK,
+            parent_turn=row["parent_turn"],
+            drift_tokens=row["drift_tokens"],
         )
         for step, row in enumerate(steps)
     ]

@@ -1,4 +1,5 @@
-"""Step-wise training samples: one per model call, with the engine's exact ids and sampling logprobs."""
+"""Training samples with the engine's exact ids and sampling logprobs: step-wise (one per model call) or
+merged (one per chain of calls that extend each other exactly)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ class StepSample:
     policy_version: str | None
     finish_reason: str | None
     masked: bool = False
+    parent_turn: int | None = None
+    drift_tokens: int | None = None
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -42,6 +45,15 @@ class StepSample:
         if not self.masked:
             mask[self.prompt_ids.shape[0] :] = 1
         return mask
+
+    @property
+    def token_logprobs(self) -> np.ndarray:
+        """Sampling logprobs aligned with `input_ids` (0 on the prompt)."""
+        return np.concatenate([np.zeros(self.prompt_ids.shape[0], dtype=np.float32), self.logprobs])
+
+    def extends(self, previous: StepSample) -> bool:
+        """Whether this step's prompt is `previous`'s prompt + completion, token for token, plus more."""
+        return self.parent_turn == previous.turn_index and self.drift_tokens == 0
 
     def to_json(self) -> dict[str, Any]:
         """A plain-JSON record (the `export --format jsonl` line)."""
@@ -62,3 +74,79 @@ class StepSample:
             "finish_reason": self.finish_reason,
             "masked": self.masked,
         }
+
+
+@dataclass
+class MergedSample:
+    """A chain of steps whose prompts extend each other exactly, as one sequence: every step's completion
+    tokens carry loss (mask 1) and their sampling logprobs; the prompt and the environment's tokens between
+    completions (tool results, template boundaries) carry none."""
+
+    rollout_id: str
+    group_id: str
+    turn_indices: list[int]
+    is_last_step: bool
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+    token_logprobs: np.ndarray
+    reward: float
+    reward_components: dict[str, float] | None
+    advantage: float
+    policy_version: str | None
+    finish_reason: str | None
+    masked: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rollout_id": self.rollout_id,
+            "group_id": self.group_id,
+            "turn_indices": self.turn_indices,
+            "is_last_step": self.is_last_step,
+            "input_ids": self.input_ids.tolist(),
+            "loss_mask": self.loss_mask.tolist(),
+            "logprobs": self.token_logprobs.tolist(),
+            "reward": self.reward,
+            "reward_components": self.reward_components,
+            "advantage": self.advantage,
+            "policy_version": self.policy_version,
+            "finish_reason": self.finish_reason,
+            "masked": self.masked,
+        }
+
+
+def merge_steps(steps: list[StepSample]) -> list[MergedSample]:
+    """One rollout's steps (in order) merged wherever each extends the one before exactly."""
+    chains: list[list[StepSample]] = []
+    for step in steps:
+        if chains and step.extends(chains[-1][-1]):
+            chains[-1].append(step)
+        else:
+            chains.append([step])
+    return [_merge(chain) for chain in chains]
+
+
+def _merge(chain: list[StepSample]) -> MergedSample:
+    last = chain[-1]
+    input_ids = last.input_ids
+    loss_mask = np.zeros(input_ids.shape[0], dtype=np.int8)
+    logprobs = np.zeros(input_ids.shape[0], dtype=np.float32)
+    for step in chain:
+        start = step.prompt_ids.shape[0]
+        end = start + step.completion_ids.shape[0]
+        loss_mask[start:end] = 0 if step.masked else 1
+        logprobs[start:end] = step.logprobs
+    return MergedSample(
+        rollout_id=last.rollout_id,
+        group_id=last.group_id,
+        turn_indices=[step.turn_index for step in chain],
+        is_last_step=last.is_last_step,
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        token_logprobs=logprobs,
+        reward=last.reward,
+        reward_components=last.reward_components,
+        advantage=last.advantage,
+        policy_version=last.policy_version,
+        finish_reason=last.finish_reason,
+        masked=all(step.masked for step in chain),
+    )
