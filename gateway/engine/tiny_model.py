@@ -25,6 +25,9 @@
   ``<tool_response>...</tool_response>`` blocks (Qwen2.5 convention), ``reasoning_content`` (or
   ``reasoning``) rendered as ``<think>...</think>`` right before the content, and ``add_generation_prompt``.
   Assistant turns are wrapped in ``{% generation %}`` so ``transformers`` can return assistant masks.
+  Every ``<|im_end|>`` is followed by a newline the template adds and the model never generates: the
+  boundary token a token-exact splice has to account for. ``THINK_STRIPPING_CHAT_TEMPLATE`` is the variant
+  that drops thinking from assistant turns before the latest user message, as Qwen3-style templates do.
 
 The build is idempotent: a marker file records a fingerprint of every parameter of the generator; a directory
 whose marker matches and whose files all exist is returned untouched. Files are written to a staging
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "ADDED_TOKENS",
     "CHAT_TEMPLATE",
+    "THINK_STRIPPING_CHAT_TEMPLATE",
     "EOS_TOKEN",
     "MODEL_FILES",
     "PAD_TOKEN",
@@ -126,6 +130,9 @@ CHAT_TEMPLATE = r"""{#- tiny-model ChatML template: system/user/assistant/tool, 
 {%- set system_text = none -%}
 {%- set turns = messages -%}
 {%- endif -%}
+{%- set ns = namespace(last_user=-1) -%}
+{%- for message in turns -%}{%- if message.role == "user" -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
+{%- set strip_thinking = strip_old_thinking is defined and strip_old_thinking -%}
 {%- if tools -%}
 {{- "<|im_start|>system\n" -}}
 {%- if system_text -%}{{- system_text + "\n\n" -}}{%- endif -%}
@@ -152,8 +159,14 @@ CHAT_TEMPLATE = r"""{#- tiny-model ChatML template: system/user/assistant/tool, 
 {%- else -%}
 {%- set reasoning = "" -%}
 {%- endif -%}
+{%- set content = text(message.content) -%}
+{%- if strip_thinking and loop.index0 < ns.last_user -%}
+{#- Qwen3-style: an answer before the latest user message loses its thinking. -#}
+{%- set reasoning = "" -%}
+{%- if "</think>" in content -%}{%- set content = content.split("</think>")[-1] -%}{%- endif -%}
+{%- endif -%}
 {%- if reasoning -%}{{- "<think>" + reasoning + "</think>" -}}{%- endif -%}
-{{- text(message.content) -}}
+{{- content -}}
 {%- if message.tool_calls is defined and message.tool_calls -%}
 {%- for call in message.tool_calls -%}
 {%- set fn = call.function if call.function is defined else call -%}
@@ -175,6 +188,11 @@ CHAT_TEMPLATE = r"""{#- tiny-model ChatML template: system/user/assistant/tool, 
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- "<|im_start|>assistant\n" -}}{%- endif -%}
 """
+# The same template, but an assistant turn before the latest user message loses its thinking (its reasoning,
+# and any text up to `</think>` in its content), as Qwen3-style templates do: re-rendering a history then
+# differs from the tokens the model produced. Served per request (`chat_template`, with vLLM's
+# `--trust-request-chat-template`) by the tests of drift and exact mode.
+THINK_STRIPPING_CHAT_TEMPLATE = "{%- set strip_old_thinking = true -%}\n" + CHAT_TEMPLATE
 
 # --------------------------------------------------------------------------------------------------------
 # Training text for the tokenizer: generated here, identical on every machine (``random.Random`` with a
