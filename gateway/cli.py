@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from gateway import __version__
 from gateway.settings import Settings
@@ -24,6 +24,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser, names: list[str] | None
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif name == "backend":
             parser.add_argument(flag, action="append", default=None, metavar="URL", help=help_text)
+        elif get_origin(field.annotation) is Literal:
+            parser.add_argument(flag, choices=get_args(field.annotation), default=None, help=help_text)
         else:
             kind: Any = int if field.annotation is int else float if field.annotation is float else str
             parser.add_argument(flag, type=kind, default=None, metavar=name.upper(), help=help_text)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -25,6 +25,11 @@ class Settings(BaseSettings):
     backend_timeout: float = Field(default=600.0, description="Seconds to wait for a backend reply.")
     connect_timeout: float = Field(default=5.0, description="Seconds to wait for a backend connection.")
     max_connections: int = Field(default=1024, description="Connection pool size towards the backends.")
+    mode: Literal["exact", "passthrough"] = Field(
+        default="passthrough",
+        description="exact: splice each turn's prompt onto the exact ids of the turn it extends (needs vLLM's "
+        "--enable-scale-out); passthrough: let vLLM render every prompt. Rollouts can override it.",
+    )
     policy_version: str = Field(default="0", description="Policy (weights) version stamped on new turns.")
     public_url: str | None = Field(
         default=None, description="Base URL agents reach the gateway at; defaults to the request's own."

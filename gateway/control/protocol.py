@@ -19,6 +19,8 @@ class CreateRolloutRequest(BaseModel):
     group_id: Identifier | None = None
     task_id: Annotated[str, Field(max_length=256)] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    mode: Literal["exact", "passthrough"] | None = None
+    """Overrides the gateway's --mode for this rollout's turns."""
 
 
 class RolloutCreated(BaseModel):
@@ -26,6 +28,7 @@ class RolloutCreated(BaseModel):
     group_id: str
     task_id: str | None
     metadata: dict[str, Any]
+    mode: str
     status: str
     created: bool
     base_url: str

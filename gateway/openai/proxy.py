@@ -22,27 +22,28 @@ from gateway.openai.capture import Asked, TurnCapture
 from gateway.openai.sse import sse_data
 from gateway.state import GatewayState
 from gateway.store import schema
-from gateway.store.records import StoreError, TurnRecord
+from gateway.store.records import RolloutState, StoreError, TurnRecord
 
 log = logging.getLogger(__name__)
 
 _DONE = b"data: [DONE]\n\n"
 
 
-async def check_rollout(state: GatewayState, rollout_id: str) -> None:
+async def check_rollout(state: GatewayState, rollout_id: str) -> RolloutState | None:
     """Refuse calls that will not be recorded before spending engine time on them.
 
     Without registration required, a rollout this process has not seen is not looked up: the store creates
     it, or refuses the turn at commit if it turns out to be finished.
     """
     if state.settings.require_registered_rollouts:
-        status = await state.store.rollout_status(rollout_id)
+        rollout = await state.store.rollout_state(rollout_id)
     else:
-        status = state.store.writer.rollout_status.get(rollout_id)
-    if status is None and state.settings.require_registered_rollouts:
+        rollout = state.store.writer.rollouts.get(rollout_id)
+    if rollout is None and state.settings.require_registered_rollouts:
         raise ApiError(404, f"rollout {rollout_id!r} is not registered", "rollout_not_found")
-    if status is not None and status != schema.ROLLOUT_RUNNING:
-        raise ApiError(409, f"rollout {rollout_id!r} is already {status}", "rollout_finished")
+    if rollout is not None and rollout.status != schema.ROLLOUT_RUNNING:
+        raise ApiError(409, f"rollout {rollout_id!r} is already {rollout.status}", "rollout_finished")
+    return rollout
 
 
 def new_record(state: GatewayState, rollout_id: str, capture_cls: type[TurnCapture], body: dict[str, Any]) -> TurnRecord:

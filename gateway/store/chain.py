@@ -116,11 +116,18 @@ class Placement:
 
 
 def place(
-    lineage: Lineage, prompt_ids: np.ndarray, messages: Messages | None, load: Callable[[int], Node]
+    lineage: Lineage,
+    prompt_ids: np.ndarray,
+    messages: Messages | None,
+    load: Callable[[int], Node],
+    *,
+    plain_prompt_ids: np.ndarray | None = None,
 ) -> Placement:
     """Find the new turn's parent (or fork origin) and its delta against it.
 
-    `load(index)` returns a node with its full sequence and messages, from the database if need be.
+    `load(index)` returns a node with its full sequence and messages, from the database if need be. In exact
+    mode the prompt extends the parent by construction; `plain_prompt_ids` (the plain render of the same
+    messages) then measures the drift that splicing avoided.
     """
     parent, forked = _parent(lineage, prompt_ids, messages, load)
     reference = parent if parent is not None else forked
@@ -130,7 +137,10 @@ def place(
     assert node.sequence is not None
     prefix = common_prefix_len(prompt_ids, node.sequence)
     shared = _equal_prefix(messages, node.messages)
-    drift = int(node.sequence.shape[0]) - prefix if parent is not None else None
+    drift = None
+    if parent is not None:
+        measured = prefix if plain_prompt_ids is None else common_prefix_len(plain_prompt_ids, node.sequence)
+        drift = int(node.sequence.shape[0]) - measured
     new_messages = messages[shared:] if messages is not None else None
     return Placement(parent, forked, prefix, drift, prompt_ids[prefix:], shared, new_messages)
 

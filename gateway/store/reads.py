@@ -9,18 +9,20 @@ from sqlalchemy.engine import Connection
 
 from gateway.store import schema
 from gateway.store.chain import rebuild
+from gateway.store.records import RolloutState
 from gateway.store.tokens import unpack_ids, unpack_logprobs
 
 _TURN_FIELDS = (
     "status", "error", "http_status", "endpoint", "model", "stream", "backend", "policy_version",
-    "content", "reasoning", "tool_calls", "finish_reason", "parent_turn", "forked_from", "prefix_tokens", "drift_tokens",
+    "content", "reasoning", "tool_calls", "finish_reason", "parent_turn", "forked_from", "prefix_tokens", "drift_tokens", "splice",
     "prompt_tokens", "completion_tokens", "started_at", "first_token_at", "finished_at",
 )
 
 
-def rollout_status(conn: Connection, rollout_id: str) -> str | None:
+def rollout_state(conn: Connection, rollout_id: str) -> RolloutState | None:
     r = schema.rollouts
-    return conn.execute(select(r.c.status).where(r.c.rollout_id == rollout_id)).scalar()
+    row = conn.execute(select(r.c.status, r.c.mode).where(r.c.rollout_id == rollout_id)).first()
+    return RolloutState(row.status, row.mode) if row is not None else None
 
 
 def get_rollout(
@@ -66,5 +68,6 @@ def get_rollout(
         "claimed_by": row["claimed_by"],
         "claim_step": row["claim_step"],
         "skip_reason": row["skip_reason"],
+        "mode": row["mode"],
         "turns": turns,
     }

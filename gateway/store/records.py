@@ -45,6 +45,9 @@ class TurnRecord:
     completion_logprobs: np.ndarray = field(default_factory=_empty_logprobs)
     first_token_at: float | None = None
     finished_at: float = 0.0
+    splice: str | None = None
+    plain_prompt_ids: np.ndarray | None = None
+    """Exact mode: the plain render of the messages, against which drift is measured."""
 
 
 @dataclass
@@ -53,6 +56,13 @@ class NewRollout:
     group_id: str | None = None
     task_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    mode: str | None = None
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    status: str
+    mode: str | None
 
 
 @dataclass

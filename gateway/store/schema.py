@@ -64,6 +64,8 @@ rollouts = Table(
     Column("claim_step", Integer),
     Column("claimed_at", Float),
     Column("skip_reason", String(32)),
+    # How its turns' prompts are built: "exact" or "passthrough"; null: the gateway's --mode.
+    Column("mode", String(16)),
     Index("ix_rollouts_group_id", "group_id"),
     Index("ix_rollouts_status", "status"),
     Index("ix_rollouts_claimed_by", "claimed_by"),
@@ -99,6 +101,9 @@ turns = Table(
     Column("forked_from", Integer),
     Column("prefix_tokens", Integer, nullable=False),
     Column("drift_tokens", Integer),
+    # Exact mode: "exact" (spliced onto the parent's ids), "render" (no parent: the plain render), or
+    # "fallback: <why>" (the plain render, because this turn could not be spliced safely); null: passthrough.
+    Column("splice", String(128)),
     Column("prompt_ids", Blob, nullable=False),
     Column("completion_ids", Blob, nullable=False),
     Column("completion_logprobs", Blob, nullable=False),

@@ -7,6 +7,7 @@ from typing import Any
 
 from gateway.store import reads
 from gateway.store.database import make_engine
+from gateway.store.records import RolloutState
 from gateway.store.writer import StoreWriter
 
 
@@ -16,11 +17,11 @@ class Store:
         self._writer_engine = make_engine(url, pool_size=1, writer=True)
         self.writer = StoreWriter(self._writer_engine)
 
-    async def rollout_status(self, rollout_id: str) -> str | None:
-        status = self.writer.rollout_status.get(rollout_id)
-        if status is None:
-            status = await asyncio.to_thread(self._read, reads.rollout_status, rollout_id)
-        return status
+    async def rollout_state(self, rollout_id: str) -> RolloutState | None:
+        state = self.writer.rollouts.get(rollout_id)
+        if state is None:
+            state = await asyncio.to_thread(self._read, reads.rollout_state, rollout_id)
+        return state
 
     async def get_rollout(self, rollout_id: str, **options: bool) -> dict[str, Any] | None:
         return await asyncio.to_thread(self._read, reads.get_rollout, rollout_id, **options)

@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 
 from gateway.store import schema
 from gateway.store.chain import Lineage, Node, lineage_of, place, reply_message
-from gateway.store.records import NewRollout, Reward, StoreError, TurnRecord
+from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
 from gateway.store.tokens import pack_ids, pack_logprobs
 
 log = logging.getLogger(__name__)
@@ -89,11 +89,11 @@ class StoreWriter:
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._lineages = LineageCache(chain_cache_tokens)
-        self.rollout_status: dict[str, str] = {}
-        """Status of rollouts this process has seen, as of the latest commit."""
+        self.rollouts: dict[str, RolloutState] = {}
+        """Status and mode of rollouts this process has seen, as of the latest commit."""
         # Changes made by the transaction in progress; published to the caches above once it commits.
         self._batch_lineages: dict[str, Lineage] = {}
-        self._batch_status: dict[str, str] = {}
+        self._batch_states: dict[str, RolloutState] = {}
         self._finished: list[str] = []
         self.commits = 0
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
@@ -161,7 +161,7 @@ class StoreWriter:
     def _transaction(self, operations: list[Operation]) -> list[tuple[Any, BaseException | None]]:
         outcomes: list[tuple[Any, BaseException | None]] = []
         self._batch_lineages.clear()
-        self._batch_status.clear()
+        self._batch_states.clear()
         self._finished.clear()
         try:
             with self._engine.connect() as conn, conn.begin():
@@ -179,10 +179,10 @@ class StoreWriter:
             self._lineages.put(rollout_id, lineage)
         for rollout_id in self._finished:
             self._lineages.drop(rollout_id)
-        self.rollout_status.update(self._batch_status)
-        if len(self.rollout_status) > 200_000:
-            for key in list(self.rollout_status)[:50_000]:
-                del self.rollout_status[key]
+        self.rollouts.update(self._batch_states)
+        if len(self.rollouts) > 200_000:
+            for key in list(self.rollouts)[:50_000]:
+                del self.rollouts[key]
         return outcomes
 
     def _alone(self, operation: Operation) -> tuple[Any, BaseException | None]:
@@ -193,7 +193,7 @@ class StoreWriter:
             except IntegrityError as exc:  # another writer got there first: re-read, back off, try again
                 error = exc
                 self._lineages = LineageCache(self._lineages.max_tokens)
-                self.rollout_status.clear()
+                self.rollouts.clear()
                 time.sleep(random.uniform(0, 0.001 * 2**attempt))
             except Exception as exc:  # noqa: BLE001 - handed to the caller's future
                 log.exception("a store write failed")
@@ -206,12 +206,13 @@ class StoreWriter:
         row = conn.execute(select(schema.rollouts).where(schema.rollouts.c.rollout_id == rollout_id)).first()
         return dict(row._mapping) if row is not None else None
 
-    def _status(self, conn: Connection, rollout_id: str) -> str | None:
-        status = self._batch_status.get(rollout_id) or self.rollout_status.get(rollout_id)
-        if status is None:
+    def _state(self, conn: Connection, rollout_id: str) -> RolloutState | None:
+        state = self._batch_states.get(rollout_id) or self.rollouts.get(rollout_id)
+        if state is None:
             r = schema.rollouts
-            status = conn.execute(select(r.c.status).where(r.c.rollout_id == rollout_id)).scalar()
-        return status
+            row = conn.execute(select(r.c.status, r.c.mode).where(r.c.rollout_id == rollout_id)).first()
+            state = RolloutState(row.status, row.mode) if row is not None else None
+        return state
 
     def _lineage(self, conn: Connection, rollout_id: str) -> Lineage:
         lineage = self._batch_lineages.get(rollout_id) or self._lineages.get(rollout_id)
@@ -244,7 +245,7 @@ class StoreWriter:
     def _create_rollout(self, conn: Connection, new: NewRollout) -> tuple[dict[str, Any], bool]:
         existing = self._rollout_row(conn, new.rollout_id)
         if existing is not None:
-            for name in ("group_id", "task_id"):
+            for name in ("group_id", "task_id", "mode"):
                 given = getattr(new, name)
                 if given is not None and given != existing[name]:
                     raise StoreError(
@@ -266,22 +267,27 @@ class StoreWriter:
             "reward_components": None,
             "created_at": time.time(),
             "finished_at": None,
+            "mode": new.mode,
         }
         conn.execute(_INSERT_ROLLOUT, row)
-        self._batch_status[new.rollout_id] = schema.ROLLOUT_RUNNING
+        self._batch_states[new.rollout_id] = RolloutState(schema.ROLLOUT_RUNNING, new.mode)
         self._batch_lineages[new.rollout_id] = Lineage()
         return row
 
     def _insert_turn(self, conn: Connection, record: TurnRecord) -> int:
-        status = self._status(conn, record.rollout_id)
-        if status is not None and status != schema.ROLLOUT_RUNNING:
-            raise StoreError(409, f"rollout {record.rollout_id!r} is already {status}", "rollout_finished")
-        if status is None:
+        state = self._state(conn, record.rollout_id)
+        if state is not None and state.status != schema.ROLLOUT_RUNNING:
+            raise StoreError(409, f"rollout {record.rollout_id!r} is already {state.status}", "rollout_finished")
+        if state is None:
             self._insert_rollout(conn, NewRollout(record.rollout_id))
         lineage = self._lineage(conn, record.rollout_id)
         index = lineage.last_index + 1
         placement = place(
-            lineage, record.prompt_ids, record.messages, lambda i: self._node(conn, record.rollout_id, i)
+            lineage,
+            record.prompt_ids,
+            record.messages,
+            lambda i: self._node(conn, record.rollout_id, i),
+            plain_prompt_ids=record.plain_prompt_ids,
         )
         conn.execute(
             _INSERT_TURN,
@@ -309,6 +315,7 @@ class StoreWriter:
                 "forked_from": placement.forked_from,
                 "prefix_tokens": placement.prefix_tokens,
                 "drift_tokens": placement.drift_tokens,
+                "splice": record.splice,
                 "prompt_ids": pack_ids(placement.prompt_suffix),
                 "completion_ids": pack_ids(record.completion_ids),
                 "completion_logprobs": pack_logprobs(record.completion_logprobs),
@@ -376,7 +383,7 @@ class StoreWriter:
             .where(schema.rollouts.c.rollout_id == rollout_id)
             .values(status=status, finished_at=finished_at)
         )
-        self._batch_status[rollout_id] = status
+        self._batch_states[rollout_id] = RolloutState(status, row["mode"])
         self._finished.append(rollout_id)
         row.update(status=status, finished_at=finished_at)
         return row
