@@ -34,6 +34,16 @@ def create_app(settings: Settings) -> FastAPI:
             max_connections=settings.max_connections,
         )
         app.state.gateway = GatewayState(settings, store, backends, Metrics(), settings.policy_version)
+        for url in backends.urls:
+            capable = await backends.probe_scale_out(url)
+            if capable is None:
+                log.info("backend %s not reachable yet: exact mode is checked on its first use", url)
+            elif not capable and settings.mode == "exact":
+                log.warning(
+                    "backend %s does not serve vLLM's render/generate endpoints (start it with "
+                    "--enable-scale-out): its turns run in pass-through mode",
+                    url,
+                )
         log.info("gateway %s: store %s, backends %s", __version__, display_url(settings.db), ", ".join(settings.backend))
         try:
             yield

@@ -7,12 +7,15 @@ bench/gateway_overhead.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 import zlib
 from collections.abc import AsyncIterator
 
 import aiohttp
 
 from gateway.errors import ApiError
+
+log = logging.getLogger(__name__)
 
 
 class BackendStreamError(Exception):
@@ -49,6 +52,8 @@ class BackendPool:
         if not urls:
             raise ValueError("at least one backend URL is required")
         self.urls = urls
+        self.scale_out: dict[str, bool] = {}
+        """Whether each backend serves vLLM's token-in/token-out endpoints (once known)."""
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=max_connections),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout),
@@ -81,6 +86,25 @@ class BackendPool:
         raise ApiError(
             503, f"no backend reachable ({', '.join(self.urls)}): {last_error!r}", "backend_unavailable"
         ) from last_error
+
+    async def probe_scale_out(self, url: str) -> bool | None:
+        """Ask a backend for a render: 200 means exact mode works there; None if it cannot be reached."""
+        body = {"messages": [{"role": "user", "content": "ping"}]}
+        try:
+            async with self._session.post(url + "/v1/chat/completions/render", json=body) as response:
+                self.scale_out[url] = response.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return None
+        return self.scale_out[url]
+
+    async def exact_capable(self, rollout_id: str) -> bool:
+        url = self.order(rollout_id)[0]
+        known = self.scale_out.get(url)
+        if known is None:
+            known = await self.probe_scale_out(url)
+            if known is False:
+                log.warning("backend %s lacks --enable-scale-out: exact-mode turns run in pass-through", url)
+        return bool(known)
 
     async def get(self, path: str) -> tuple[int, bytes]:
         last_error: Exception | None = None

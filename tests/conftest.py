@@ -34,7 +34,7 @@ def model_dir(work_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm(model_dir: Path, work_dir: Path) -> Iterator[VLLMServer]:
-    server = VLLMServer(model_dir, log_path=work_dir / "vllm.log")
+    server = VLLMServer(model_dir, log_path=work_dir / "vllm.log", extra_args=["--trust-request-chat-template"])
     server.start()
     try:
         yield server

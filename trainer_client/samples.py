@@ -53,7 +53,13 @@ class StepSample:
 
     def extends(self, previous: StepSample) -> bool:
         """Whether this step's prompt is `previous`'s prompt + completion, token for token, plus more."""
-        return self.parent_turn == previous.turn_index and self.drift_tokens == 0
+        size = previous.prompt_ids.shape[0] + previous.completion_ids.shape[0]
+        if self.parent_turn != previous.turn_index or self.prompt_ids.shape[0] < size:
+            return False
+        return bool(
+            np.array_equal(self.prompt_ids[: previous.prompt_ids.shape[0]], previous.prompt_ids)
+            and np.array_equal(self.prompt_ids[previous.prompt_ids.shape[0] : size], previous.completion_ids)
+        )
 
     def to_json(self) -> dict[str, Any]:
         """A plain-JSON record (the `export --format jsonl` line)."""

@@ -131,7 +131,7 @@ class ChatCapture(TurnCapture):
         current = self.tool_calls.get(index)
         if current is None:
             function = dict(call.get("function") or {})
-            function.setdefault("arguments", "")
+            function["arguments"] = function.get("arguments") or ""
             self.tool_calls[index] = {"id": call.get("id"), "type": call.get("type", "function"), "function": function}
             return
         if call.get("id"):

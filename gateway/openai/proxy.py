@@ -18,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.backend import BackendReply, BackendStreamError
 from gateway.errors import ApiError, error_body
-from gateway.openai.capture import Asked, TurnCapture
+from gateway.openai.capture import Asked, ChatCapture, TurnCapture
 from gateway.openai.sse import sse_data
 from gateway.state import GatewayState
 from gateway.store import schema
@@ -26,7 +26,7 @@ from gateway.store.records import RolloutState, StoreError, TurnRecord
 
 log = logging.getLogger(__name__)
 
-_DONE = b"data: [DONE]\n\n"
+DONE = b"data: [DONE]\n\n"
 
 
 async def check_rollout(state: GatewayState, rollout_id: str) -> RolloutState | None:
@@ -65,12 +65,17 @@ def new_record(state: GatewayState, rollout_id: str, capture_cls: type[TurnCaptu
 async def forward(
     state: GatewayState, rollout_id: str, capture_cls: type[TurnCapture], body: dict[str, Any]
 ) -> Response:
-    await check_rollout(state, rollout_id)
+    rollout = await check_rollout(state, rollout_id)
     capture = capture_cls(new_record(state, rollout_id, capture_cls, body))
     upstream, asked = capture.inject(body)
     metrics = state.metrics
     metrics.in_flight.inc()
     try:
+        mode = (rollout.mode if rollout is not None else None) or state.settings.mode
+        if mode == "exact" and isinstance(capture, ChatCapture) and await state.backends.exact_capable(rollout_id):
+            from gateway.openai.exact import forward_exact
+
+            return await forward_exact(state, capture, body, asked)
         if capture.record.stream:
             return await _forward_stream(state, capture, upstream, asked)
         return await _forward_whole(state, capture, upstream, asked)
@@ -78,13 +83,17 @@ async def forward(
         metrics.in_flight.dec()
 
 
-async def _send(state: GatewayState, capture: TurnCapture, upstream: dict[str, Any]) -> BackendReply:
+async def send_upstream(
+    state: GatewayState, capture: TurnCapture, upstream: dict[str, Any], path: str | None = None
+) -> BackendReply:
     """Send to a backend; on failure store an error turn and raise the agent-facing error."""
     record = capture.record
     try:
-        record.backend, reply = await state.backends.send(record.rollout_id, capture.path, orjson.dumps(upstream))
+        record.backend, reply = await state.backends.send(
+            record.rollout_id, path or capture.path, orjson.dumps(upstream)
+        )
     except ApiError as exc:
-        await _store_error(state, capture, exc.status_code, exc.message)
+        await store_error_turn(state, capture, exc.status_code, exc.message)
         raise
     if reply.status != 200:
         try:
@@ -93,7 +102,7 @@ async def _send(state: GatewayState, capture: TurnCapture, upstream: dict[str, A
             content = b""
         message = _backend_message(content) or f"backend answered HTTP {reply.status}"
         status = reply.status if reply.status < 500 else 502
-        await _store_error(state, capture, status, message)
+        await store_error_turn(state, capture, status, message)
         raise ApiError(status, message, "backend_error" if status >= 500 else "invalid_request")
     return reply
 
@@ -111,7 +120,7 @@ def _backend_message(content: bytes) -> str | None:
     return None
 
 
-async def _store_error(state: GatewayState, capture: TurnCapture, status: int, message: str) -> None:
+async def store_error_turn(state: GatewayState, capture: TurnCapture, status: int, message: str) -> None:
     record = capture.finish()
     record.status = schema.TURN_ERROR
     record.http_status = status
@@ -133,23 +142,23 @@ def _account(state: GatewayState, record: TurnRecord, status: int) -> None:
 async def _forward_whole(
     state: GatewayState, capture: TurnCapture, upstream: dict[str, Any], asked: Asked
 ) -> Response:
-    reply = await _send(state, capture, upstream)
+    reply = await send_upstream(state, capture, upstream)
     try:
         payload = orjson.loads(await reply.body())
     except (BackendStreamError, orjson.JSONDecodeError) as exc:
         message = str(exc) if isinstance(exc, BackendStreamError) else "backend sent a reply that is not JSON"
-        await _store_error(state, capture, 502, message)
+        await store_error_turn(state, capture, 502, message)
         raise ApiError(502, message, "backend_error") from None
     capture.feed(payload)
     record = capture.finish()
     record.finished_at = record.first_token_at = time.time()
     record.http_status = 200
     capture.strip(payload, asked)
-    await _commit(state, record)
+    await commit_turn(state, record)
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
-async def _commit(state: GatewayState, record: TurnRecord) -> None:
+async def commit_turn(state: GatewayState, record: TurnRecord) -> None:
     try:
         await state.store.writer.insert_turn(record)
     except StoreError:
@@ -163,7 +172,7 @@ async def _commit(state: GatewayState, record: TurnRecord) -> None:
 async def _forward_stream(
     state: GatewayState, capture: TurnCapture, upstream: dict[str, Any], asked: Asked
 ) -> Response:
-    reply = await _send(state, capture, upstream)
+    reply = await send_upstream(state, capture, upstream)
     return StreamingResponse(_relay(state, capture, reply, asked), media_type="text/event-stream")
 
 
@@ -187,13 +196,13 @@ async def _relay(
         else:
             raise _StreamError("backend stream ended without [DONE]")
     except (asyncio.CancelledError, GeneratorExit):
-        _record_cancelled(state, capture)
+        record_cancelled(state, capture)
         raise
     except (_StreamError, BackendStreamError, orjson.JSONDecodeError) as exc:
         message = f"backend sent a chunk that is not JSON: {exc}" if isinstance(exc, orjson.JSONDecodeError) else str(exc)
-        await _store_error(state, capture, 502, message)
+        await store_error_turn(state, capture, 502, message)
         yield b"data: " + error_body(502, message, "backend_error") + b"\n\n"
-        yield _DONE
+        yield DONE
         return
     finally:
         reply.close()
@@ -201,18 +210,18 @@ async def _relay(
     record.finished_at = time.time()
     record.http_status = 200
     try:
-        await _commit(state, record)
+        await commit_turn(state, record)
     except (ApiError, StoreError) as exc:
         status = exc.status_code
         yield b"data: " + error_body(status, exc.message, "store_error") + b"\n\n"
-    yield _DONE
+    yield DONE
 
 
 class _StreamError(Exception):
     pass
 
 
-def _record_cancelled(state: GatewayState, capture: TurnCapture) -> None:
+def record_cancelled(state: GatewayState, capture: TurnCapture) -> None:
     """The agent went away: store what was generated, without awaiting (this task is being cancelled)."""
     record = capture.finish()
     record.status = schema.TURN_CANCELLED

@@ -70,6 +70,7 @@ class Node:
     index: int
     messages: Messages | None
     sequence: np.ndarray | None  # prompt + completion ids; None once it is no longer recent
+    finish_reason: str | None = None
 
 
 @dataclass
@@ -86,13 +87,18 @@ class Lineage:
         return sum(n.sequence.shape[0] for n in self.nodes.values() if n.sequence is not None)
 
     def add(
-        self, index: int, messages: Messages | None, sequence: np.ndarray | None, reply: dict[str, Any] | None
+        self,
+        index: int,
+        messages: Messages | None,
+        sequence: np.ndarray | None,
+        reply: dict[str, Any] | None,
+        finish_reason: str | None = None,
     ) -> None:
         """Register a committed turn; `reply` only for turns whose answer reached the agent whole."""
         self.last_index = max(self.last_index, index)
         if sequence is None or sequence.shape[0] == 0:
             return
-        self.nodes[index] = Node(index, messages, sequence)
+        self.nodes[index] = Node(index, messages, sequence, finish_reason)
         for old in sorted(self.nodes)[:-_RECENT_SEQUENCES]:
             self.nodes[old].sequence = None
         if messages:
@@ -129,7 +135,7 @@ def place(
     mode the prompt extends the parent by construction; `plain_prompt_ids` (the plain render of the same
     messages) then measures the drift that splicing avoided.
     """
-    parent, forked = _parent(lineage, prompt_ids, messages, load)
+    parent, forked = find_parent(lineage, prompt_ids, messages, load)
     reference = parent if parent is not None else forked
     if reference is None or prompt_ids.shape[0] == 0:
         return Placement(None, None, 0, None, prompt_ids, 0, messages)
@@ -145,9 +151,10 @@ def place(
     return Placement(parent, forked, prefix, drift, prompt_ids[prefix:], shared, new_messages)
 
 
-def _parent(
+def find_parent(
     lineage: Lineage, prompt_ids: np.ndarray, messages: Messages | None, load: Callable[[int], Node]
 ) -> tuple[int | None, int | None]:
+    """(parent, None) when the turn extends an earlier one, else (None, fork origin or None)."""
     if messages:
         hashes = history_hashes(messages)
         for digest in reversed(hashes):
@@ -231,6 +238,6 @@ def lineage_of(rows: list[Mapping[str, Any]]) -> tuple[Lineage, dict[int, Node]]
         sequence = np.concatenate([full[index].prompt_ids, unpack_ids(row["completion_ids"])])
         ok = row["status"] == "ok"
         reply = reply_message(row["content"], row["tool_calls"]) if ok else None
-        lineage.add(index, full[index].messages, sequence, reply)
-        nodes[index] = Node(index, full[index].messages, sequence)
+        lineage.add(index, full[index].messages, sequence, reply, row["finish_reason"])
+        nodes[index] = Node(index, full[index].messages, sequence, row["finish_reason"])
     return lineage, nodes

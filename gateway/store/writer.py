@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from gateway.store import schema
-from gateway.store.chain import Lineage, Node, lineage_of, place, reply_message
+from gateway.store.chain import Lineage, Node, find_parent, lineage_of, place, reply_message
 from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
 from gateway.store.tokens import pack_ids, pack_logprobs
 
@@ -114,6 +114,10 @@ class StoreWriter:
     async def insert_turn(self, record: TurnRecord) -> int:
         """Store a turn; returns its index in the rollout once committed."""
         return await self.enqueue_turn(record)
+
+    async def parent_of(self, rollout_id: str, messages: list[dict[str, Any]]) -> Node | None:
+        """The committed turn a chat request extends (with its full ids), if any: exact mode splices onto it."""
+        return await self.submit(lambda conn: self._parent(conn, rollout_id, messages))
 
     async def create_rollout(self, new: NewRollout) -> tuple[dict[str, Any], bool]:
         return await self.submit(lambda conn: self._create_rollout(conn, new))
@@ -228,7 +232,7 @@ class StoreWriter:
                 select(
                     t.c.turn_index, t.c.status, t.c.parent_turn, t.c.forked_from, t.c.prefix_tokens,
                     t.c.prompt_ids, t.c.completion_ids, t.c.prefix_messages, t.c.messages, t.c.content,
-                    t.c.tool_calls,
+                    t.c.tool_calls, t.c.finish_reason,
                 )
                 .where(t.c.rollout_id == rollout_id)
                 .order_by(t.c.turn_index)
@@ -332,8 +336,17 @@ class StoreWriter:
             record.messages,
             np.concatenate([record.prompt_ids, record.completion_ids]),
             reply_message(record.content, record.tool_calls) if ok else None,
+            record.finish_reason,
         )
         return index
+
+    def _parent(self, conn: Connection, rollout_id: str, messages: list[dict[str, Any]]) -> Node | None:
+        lineage = self._lineage(conn, rollout_id)
+        parent, _ = find_parent(lineage, np.empty(0, dtype=np.int32), messages, lambda i: self._node(conn, rollout_id, i))
+        if parent is None:
+            return None
+        node = lineage.nodes.get(parent)
+        return node if node is not None and node.sequence is not None else self._node(conn, rollout_id, parent)
 
     def _require_rollout(self, conn: Connection, rollout_id: str) -> dict[str, Any]:
         row = self._rollout_row(conn, rollout_id)

@@ -1,0 +1,135 @@
+"""Exact mode for chat completions, through vLLM's token-in/token-out endpoints.
+
+render (the plain prompt and the sampling parameters) -> splice onto the parent turn's exact ids
+(`gateway.openai.splice`) -> generate (token ids in, ids + logprobs out) -> derender (a normal chat
+completion for the agent: content, tool calls and reasoning parsed by vLLM). The turn stores the spliced
+prompt, the sampled ids and their logprobs; its drift is measured against the plain render.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import orjson
+from starlette.responses import Response
+
+from gateway.errors import ApiError
+from gateway.openai.capture import Asked, ChatCapture
+from gateway.openai.proxy import commit_turn, send_upstream, store_error_turn
+from gateway.openai.splice import splice
+from gateway.state import GatewayState
+from gateway.store.tokens import ID_DTYPE
+
+RENDER = "/v1/chat/completions/render"
+GENERATE = "/inference/v1/generate"
+DERENDER = "/v1/chat/completions/derender"
+
+
+async def _post(state: GatewayState, capture: ChatCapture, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    reply = await send_upstream(state, capture, body, path)
+    try:
+        return orjson.loads(await reply.body())
+    except orjson.JSONDecodeError:
+        await store_error_turn(state, capture, 502, f"backend sent a reply to {path} that is not JSON")
+        raise ApiError(502, f"backend sent a reply to {path} that is not JSON", "backend_error") from None
+
+
+async def prompt_for(state: GatewayState, capture: ChatCapture, body: dict[str, Any]) -> dict[str, Any]:
+    """The generate request for this turn: vLLM's own, with the prompt spliced onto the parent's exact ids."""
+    render_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    request = await _post(state, capture, RENDER, render_body)
+    plain = np.asarray(request["token_ids"], dtype=ID_DTYPE)
+    record = capture.record
+    record.plain_prompt_ids = plain
+    parent = await state.store.writer.parent_of(record.rollout_id, body["messages"])
+    if parent is None or parent.sequence is None:
+        record.splice = "render"
+        return request
+    history = body["messages"][: len(parent.messages or []) + 1]
+    parent_render = await _post(
+        state, capture, RENDER, {**render_body, "messages": history, "add_generation_prompt": False}
+    )
+    spliced = splice(
+        parent.sequence, parent.finish_reason, np.asarray(parent_render["token_ids"], dtype=ID_DTYPE), plain
+    )
+    record.splice = spliced.how
+    request["token_ids"] = spliced.prompt_ids.tolist()
+    return request
+
+
+def _generate_body(request: dict[str, Any], body: dict[str, Any], stream: bool) -> dict[str, Any]:
+    sampling = dict(request["sampling_params"])
+    # render leaves out parameters equal to vLLM's defaults (max_tokens=16 among them): restate the agent's.
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    if limit is not None:
+        sampling["max_tokens"] = limit
+    if sampling.get("logprobs") is None:
+        sampling["logprobs"] = 0
+    return {**request, "sampling_params": sampling, "stream": stream, "return_token_ids": False}
+
+
+def _without_end_token(generated: dict[str, Any]) -> dict[str, Any]:
+    """derender keeps a final EOS or stop token as text; vLLM's chat endpoint does not show it."""
+    choice = generated["choices"][0]
+    if choice.get("finish_reason") != "stop" or isinstance(choice.get("stop_reason"), str) or not choice["token_ids"]:
+        return generated
+    trimmed = {**choice, "token_ids": choice["token_ids"][:-1]}
+    if choice.get("logprobs") and choice["logprobs"].get("content"):
+        trimmed["logprobs"] = {**choice["logprobs"], "content": choice["logprobs"]["content"][:-1]}
+    return {**generated, "choices": [trimmed]}
+
+
+async def forward_exact(state: GatewayState, capture: ChatCapture, body: dict[str, Any], asked: Asked) -> Response:
+    if capture.record.stream:
+        from gateway.openai.exact_stream import forward_exact_stream
+
+        return await forward_exact_stream(state, capture, body, asked)
+    request = await prompt_for(state, capture, body)
+    generated = await _post(state, capture, GENERATE, _generate_body(request, body, stream=False))
+    prompt = request["token_ids"]
+    payload = await _post(
+        state,
+        capture,
+        DERENDER,
+        {
+            "generate_response": _without_end_token(generated),
+            "chat_request": body,
+            "prompt_token_ids": prompt,
+            "prompt_tokens": len(prompt),
+        },
+    )
+    choice, sampled = payload["choices"][0], generated["choices"][0]
+    _agent_reply(payload, body, sampled)
+    feed_reply(capture, payload)
+    capture.prompt_ids = prompt
+    capture.completion_ids = sampled["token_ids"]
+    capture.logprobs = [entry["logprob"] for entry in (sampled.get("logprobs") or {}).get("content") or ()]
+    record = capture.finish()
+    record.finished_at = record.first_token_at = time.time()
+    record.http_status = 200
+    if asked.token_ids:
+        payload["prompt_token_ids"] = prompt
+        choice["token_ids"] = sampled["token_ids"]
+    capture.strip(payload, asked)
+    await commit_turn(state, record)
+    return Response(orjson.dumps(payload), media_type="application/json")
+
+
+def feed_reply(capture: ChatCapture, reply: dict[str, Any]) -> None:
+    """Collect content, reasoning and tool calls from derender; ids and logprobs come from generate."""
+    capture.feed({"choices": [{**c, "token_ids": None, "logprobs": None} for c in reply.get("choices") or ()]})
+
+
+def _agent_reply(payload: dict[str, Any], body: dict[str, Any], sampled: dict[str, Any]) -> None:
+    """Make derender's reply read as vLLM's chat endpoint would have written it."""
+    choice = payload["choices"][0]
+    message = choice.get("message") or {}
+    named_tool = isinstance(body.get("tool_choice"), dict)
+    if message.get("tool_calls") and choice.get("finish_reason") == "stop" and not named_tool:
+        choice["finish_reason"] = "tool_calls"
+    stop = sampled.get("stop_reason")
+    content = message.get("content")
+    if isinstance(stop, str) and isinstance(content, str) and stop in content:
+        message["content"] = content[: content.rfind(stop)]

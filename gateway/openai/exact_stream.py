@@ -1,0 +1,141 @@
+"""Exact mode, streamed: each generate event is derendered into the agent's chat chunk as it arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from gateway.backend import BackendReply, BackendStreamError
+from gateway.errors import ApiError, error_body
+from gateway.openai.capture import Asked, ChatCapture
+from gateway.openai.exact import DERENDER, GENERATE, _generate_body, feed_reply, prompt_for
+from gateway.openai.proxy import DONE, commit_turn, record_cancelled, send_upstream, store_error_turn
+from gateway.openai.sse import sse_data
+from gateway.state import GatewayState
+from gateway.store.records import StoreError
+
+
+async def forward_exact_stream(
+    state: GatewayState, capture: ChatCapture, body: dict[str, Any], asked: Asked
+) -> Response:
+    request = await prompt_for(state, capture, body)
+    reply = await send_upstream(state, capture, _generate_body(request, body, stream=True), GENERATE)
+    return StreamingResponse(_relay(state, capture, reply, body, request["token_ids"], asked), media_type="text/event-stream")
+
+
+async def _relay(
+    state: GatewayState,
+    capture: ChatCapture,
+    reply: BackendReply,
+    body: dict[str, Any],
+    prompt: list[int],
+    asked: Asked,
+) -> AsyncIterator[bytes]:
+    record = capture.record
+    capture.prompt_ids = prompt
+    stream_state: Any = None
+    first = True
+    try:
+        async for data in sse_data(reply.chunks()):
+            if data == b"[DONE]":
+                break
+            event = orjson.loads(data)
+            if "error" in event and "choices" not in event:
+                raise BackendStreamError(str(event["error"]))
+            if record.first_token_at is None:
+                record.first_token_at = time.time()
+            for choice in event.get("choices") or ():
+                capture.completion_ids.extend(choice.get("token_ids") or ())
+                capture.logprobs.extend(e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or ())
+            chunk, stream_state = await _derender(state, capture, body, prompt, _trim_end(event), stream_state)
+            if chunk is None:
+                chunk = _closing_chunk(event, capture, body)
+            feed_reply(capture, chunk)
+            if asked.token_ids:
+                if first:
+                    chunk["prompt_token_ids"] = prompt
+                for out, choice in zip(chunk.get("choices") or (), event.get("choices") or ()):
+                    out["token_ids"] = choice.get("token_ids")
+            capture.strip(chunk, asked)
+            first = False
+            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+        else:
+            raise BackendStreamError("backend stream ended without [DONE]")
+    except (asyncio.CancelledError, GeneratorExit):
+        record_cancelled(state, capture)
+        raise
+    except (BackendStreamError, ApiError, orjson.JSONDecodeError) as exc:
+        message = exc.message if isinstance(exc, ApiError) else str(exc)
+        if not isinstance(exc, ApiError):  # an ApiError's turn was stored where it was raised
+            await store_error_turn(state, capture, 502, message)
+        yield b"data: " + error_body(502, message, "backend_error") + b"\n\n"
+        yield DONE
+        return
+    finally:
+        reply.close()
+    record = capture.finish()
+    record.finished_at = time.time()
+    record.http_status = 200
+    try:
+        await commit_turn(state, record)
+    except (ApiError, StoreError) as exc:
+        yield b"data: " + error_body(exc.status_code, exc.message, "store_error") + b"\n\n"
+    yield DONE
+
+
+def _trim_end(event: dict[str, Any]) -> dict[str, Any]:
+    """Drop a final EOS/stop token (derender would show it as text), as in the whole-reply path."""
+    choices = event.get("choices") or []
+    if not choices:
+        return event
+    choice = choices[0]
+    if choice.get("finish_reason") != "stop" or isinstance(choice.get("stop_reason"), str) or not choice.get("token_ids"):
+        return event
+    trimmed = {**choice, "token_ids": choice["token_ids"][:-1]}
+    if choice.get("logprobs") and choice["logprobs"].get("content"):
+        trimmed["logprobs"] = {**choice["logprobs"], "content": choice["logprobs"]["content"][:-1]}
+    return {**event, "choices": [trimmed]}
+
+
+async def _derender(
+    state: GatewayState,
+    capture: ChatCapture,
+    body: dict[str, Any],
+    prompt: list[int],
+    event: dict[str, Any],
+    stream_state: Any,
+) -> tuple[dict[str, Any] | None, Any]:
+    """One derender call; None for an event left without tokens (the final EOS alone)."""
+    choices = event.get("choices") or []
+    if choices and not choices[0].get("token_ids"):
+        return None, stream_state
+    request = {
+        "stream": True,
+        "generate_chunk": event,
+        "stream_state": stream_state,
+        "chat_request": body,
+        "prompt_token_ids": prompt,
+        "prompt_tokens": len(prompt),
+    }
+    reply = await send_upstream(state, capture, request, DERENDER)
+    answer = orjson.loads(await reply.body())
+    return answer["chunk"], answer["stream_state"]
+
+
+def _closing_chunk(event: dict[str, Any], capture: ChatCapture, body: dict[str, Any]) -> dict[str, Any]:
+    choice = event["choices"][0]
+    finish = choice.get("finish_reason")
+    if finish == "stop" and capture.tool_calls and not isinstance(body.get("tool_choice"), dict):
+        finish = "tool_calls"
+    return {
+        "id": event.get("request_id"),
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": body.get("model"),
+        "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+    }

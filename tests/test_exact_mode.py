@@ -1,0 +1,118 @@
+"""Exact mode: every turn's prompt is the previous turn's exact ids plus the rendering of what is new, even
+under a template that strips earlier thinking; pass-through on that template drifts and cannot merge."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from gateway.engine.tiny_model import THINK_STRIPPING_CHAT_TEMPLATE
+from support import TOOLS, detokenize, stored_rollout, tokenize_chat
+from trainer_client import SampleOptions, TrainerClient
+
+THINK_THEN_CALL = r'<think>[a-z]{2,6}</think><tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
+TURNS = 5
+
+
+def run_agent(base_url: str, *, stream: bool) -> list[dict]:
+    """Five turns of think + tool call; each tool result is followed by a user message, so the template strips
+    the thinking of every earlier answer when it re-renders the history."""
+    agent = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages: list[dict] = [{"role": "system", "content": "Think, then list /tmp."}, {"role": "user", "content": "Go."}]
+    replies = []
+    for _ in range(TURNS):
+        kwargs = dict(
+            model="tiny", messages=messages, tools=TOOLS, max_tokens=120, temperature=1.0, seed=1,
+            extra_body={"structured_outputs": {"regex": THINK_THEN_CALL}, "chat_template": THINK_STRIPPING_CHAT_TEMPLATE},
+        )
+        if stream:
+            content, calls, finish = "", {}, None
+            for chunk in agent.chat.completions.create(**kwargs, stream=True):
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                content += delta.content or ""
+                for piece in delta.tool_calls or ():
+                    call = calls.setdefault(piece.index, {"id": piece.id, "type": "function", "function": {"name": "", "arguments": ""}})
+                    call["function"]["name"] += piece.function.name or ""
+                    call["function"]["arguments"] += piece.function.arguments or ""
+                finish = chunk.choices[0].finish_reason or finish
+            reply = {"role": "assistant", "content": content or None, "tool_calls": list(calls.values())}
+        else:
+            choice = agent.chat.completions.create(**kwargs).choices[0]
+            finish = choice.finish_reason
+            reply = {"role": "assistant", "content": choice.message.content,
+                     "tool_calls": [c.model_dump() for c in choice.message.tool_calls or ()]}
+        replies.append({"finish_reason": finish, **reply})
+        messages += [
+            {k: v for k, v in reply.items()},
+            {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "a.txt"},
+            {"role": "user", "content": "Again."},
+        ]
+    return replies
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_exact_mode_extends_every_turn_token_for_token_and_merges(start_gateway, databases, db_kind, vllm, stream):
+    db_url = databases.new(db_kind)
+    gateway = start_gateway(db_url, "--mode", "exact")
+    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}).json()
+
+    replies = run_agent(rollout["base_url"], stream=stream)
+    httpx.post(f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0})
+
+    assert [r["finish_reason"] for r in replies] == ["tool_calls"] * TURNS
+    assert all(json.loads(r["tool_calls"][0]["function"]["arguments"]) == {"path": "/tmp"} for r in replies)
+    assert all(r["content"].startswith("<think>") and r["content"].endswith("</think>") for r in replies)
+    turns = stored_rollout(db_url, rollout["rollout_id"])["turns"]
+    assert [t["splice"] for t in turns] == ["render"] + ["exact"] * (TURNS - 1)
+    assert [t["parent_turn"] for t in turns] == [None, 0, 1, 2, 3]
+    for previous, turn in zip(turns, turns[1:]):
+        exact = previous["prompt_token_ids"] + previous["completion_token_ids"]
+        assert turn["prompt_token_ids"][: len(exact)] == exact
+        assert turn["drift_tokens"] > 0  # what the plain render would have lost
+    for turn, reply in zip(turns, replies):
+        assert detokenize(vllm, turn["completion_token_ids"]).startswith(reply["content"] + "<tool_call>")
+        assert len(turn["completion_logprobs"]) == len(turn["completion_token_ids"])
+    with TrainerClient(db_url) as client:
+        steps = client.read().samples
+        (merged,) = client.read(SampleOptions(merged=True)).samples
+    assert merged.turn_indices == [0, 1, 2, 3, 4]
+    completions = [t for turn in turns for t in turn["completion_token_ids"]]
+    assert merged.input_ids[merged.loss_mask == 1].tolist() == completions
+    assert len(steps) == TURNS
+
+
+def test_pass_through_on_a_think_stripping_template_drifts_and_does_not_merge(start_gateway, databases, db_kind, vllm):
+    db_url = databases.new(db_kind)
+    gateway = start_gateway(db_url, "--mode", "passthrough")
+    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}).json()
+
+    run_agent(rollout["base_url"], stream=False)
+    httpx.post(f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0})
+
+    turns = stored_rollout(db_url, rollout["rollout_id"])["turns"]
+    assert [t["splice"] for t in turns] == [None] * TURNS
+    assert [t["parent_turn"] for t in turns] == [None, 0, 1, 2, 3]
+    assert all(t["drift_tokens"] > 0 for t in turns[1:])
+    with TrainerClient(db_url) as client:
+        assert len(client.read(SampleOptions(merged=True)).samples) == TURNS
+
+
+def test_rollout_can_choose_exact_mode_and_a_cut_reply_falls_back_to_the_plain_render(gateway, vllm, db_url):
+    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}).json()
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Hi"}]
+    first = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "More"}]
+    second = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
+
+    turns = stored_rollout(db_url, rollout["rollout_id"])["turns"]
+    assert rollout["mode"] == "exact"
+    assert first.choices[0].finish_reason == second.choices[0].finish_reason == "length"
+    assert [t["splice"] for t in turns] == ["render", "fallback: parent reply ended with finish_reason=length"]
+    assert [t["prompt_token_ids"] for t in turns] == [tokenize_chat(vllm, messages[:1]), tokenize_chat(vllm, messages)]
+    assert turns[1]["parent_turn"] == 0
