@@ -116,3 +116,24 @@ def test_rollout_can_choose_exact_mode_and_a_cut_reply_falls_back_to_the_plain_r
     assert [t["splice"] for t in turns] == ["render", "fallback: parent reply ended with finish_reason=length"]
     assert [t["prompt_token_ids"] for t in turns] == [tokenize_chat(vllm, messages[:1]), tokenize_chat(vllm, messages)]
     assert turns[1]["parent_turn"] == 0
+
+
+def test_edited_history_in_exact_mode_forks_and_splices_nothing(start_gateway, databases, db_kind, vllm):
+    db_url = databases.new(db_kind)
+    gateway = start_gateway(db_url, "--mode", "exact")
+    rollout = httpx.post(gateway.url + "/rollouts", json={}).json()
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
+    history = [{"role": "user", "content": "Tell me about /tmp."}]
+    reply = agent.chat.completions.create(model="tiny", messages=history, max_tokens=30, temperature=0,
+                                          extra_body={"structured_outputs": {"regex": "[a-z]{3}"}})
+    history += [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "And?"}]
+    agent.chat.completions.create(model="tiny", messages=history, max_tokens=5, temperature=0)
+    summary = [{"role": "user", "content": "Summary: we talked about /tmp."}, {"role": "user", "content": "And?"}]
+    agent.chat.completions.create(model="tiny", messages=summary, max_tokens=5, temperature=0)
+
+    turns = stored_rollout(db_url, rollout["rollout_id"])["turns"]
+    assert [t["splice"] for t in turns] == ["render", "exact", "render"]
+    assert [(t["parent_turn"], t["forked_from"]) for t in turns] == [(None, None), (0, None), (None, None)]
+    assert turns[2]["prompt_token_ids"] == tokenize_chat(vllm, summary)
+    exact = turns[0]["prompt_token_ids"] + turns[0]["completion_token_ids"]
+    assert turns[1]["prompt_token_ids"][: len(exact)] == exact
