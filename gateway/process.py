@@ -10,8 +10,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import os
 import logging
+import os
 import random
 import signal
 import socket

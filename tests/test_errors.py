@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from gateway.process import free_port
+
 from support import stored_rollout
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

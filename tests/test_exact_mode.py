@@ -10,8 +10,9 @@ import openai
 import pytest
 
 from gateway.engine.tiny_model import THINK_STRIPPING_CHAT_TEMPLATE
-from support import TOOLS, detokenize, stored_rollout, tokenize_chat
 from trainer_client import SampleOptions, TrainerClient
+
+from support import TOOLS, detokenize, stored_rollout, tokenize_chat
 
 THINK_THEN_CALL = r'<think>[a-z]{2,6}</think><tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
 TURNS = 5

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from gateway.store.database import make_engine
 from gateway.store.tokens import common_prefix_len
+
 from support import LS_TMP_REGEX, TOOLS, stored_rollout, tokenize_chat
 
 

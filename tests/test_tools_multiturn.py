@@ -8,6 +8,7 @@ import openai
 import sqlalchemy as sa
 
 from gateway.store.database import make_engine
+
 from support import LS_TMP_CALL, LS_TMP_REGEX, TOOLS, detokenize, stored_rollout, tokenize_chat
 
 FORCE_LS = {"structured_outputs": {"regex": LS_TMP_REGEX}}

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from support import run_rollout, stored_rollout
 from trainer_client import SampleOptions, TrainerClient
+
+from support import run_rollout, stored_rollout
 
 
 @pytest.fixture

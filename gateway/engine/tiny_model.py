@@ -308,7 +308,14 @@ def _training_corpus() -> list[str]:
 
 def _train_tokenizer():
     from tokenizers import (
-        AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers,
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
     )
 
     # Exactly the pipeline that transformers 5 rebuilds for any ``model_type: qwen2`` directory (it ignores

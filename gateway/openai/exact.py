@@ -59,7 +59,7 @@ async def prompt_for(state: GatewayState, capture: ChatCapture, body: dict[str, 
     return request
 
 
-def _generate_body(request: dict[str, Any], body: dict[str, Any], stream: bool) -> dict[str, Any]:
+def generate_body(request: dict[str, Any], body: dict[str, Any], stream: bool) -> dict[str, Any]:
     sampling = dict(request["sampling_params"])
     # render leaves out parameters equal to vLLM's defaults (max_tokens=16 among them): restate the agent's.
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -70,10 +70,14 @@ def _generate_body(request: dict[str, Any], body: dict[str, Any], stream: bool) 
     return {**request, "sampling_params": sampling, "stream": stream, "return_token_ids": False}
 
 
-def _without_end_token(generated: dict[str, Any]) -> dict[str, Any]:
-    """derender keeps a final EOS or stop token as text; vLLM's chat endpoint does not show it."""
-    choice = generated["choices"][0]
-    if choice.get("finish_reason") != "stop" or isinstance(choice.get("stop_reason"), str) or not choice["token_ids"]:
+def without_end_token(generated: dict[str, Any]) -> dict[str, Any]:
+    """A generate response (or stream event) without its final EOS or stop token: derender would show that
+    token as text, where vLLM's chat endpoint does not."""
+    choices = generated.get("choices") or []
+    if not choices:
+        return generated
+    choice = choices[0]
+    if choice.get("finish_reason") != "stop" or isinstance(choice.get("stop_reason"), str) or not choice.get("token_ids"):
         return generated
     trimmed = {**choice, "token_ids": choice["token_ids"][:-1]}
     if choice.get("logprobs") and choice["logprobs"].get("content"):
@@ -87,14 +91,14 @@ async def forward_exact(state: GatewayState, capture: ChatCapture, body: dict[st
 
         return await forward_exact_stream(state, capture, body, asked)
     request = await prompt_for(state, capture, body)
-    generated = await _post(state, capture, GENERATE, _generate_body(request, body, stream=False))
+    generated = await _post(state, capture, GENERATE, generate_body(request, body, stream=False))
     prompt = request["token_ids"]
     payload = await _post(
         state,
         capture,
         DERENDER,
         {
-            "generate_response": _without_end_token(generated),
+            "generate_response": without_end_token(generated),
             "chat_request": body,
             "prompt_token_ids": prompt,
             "prompt_tokens": len(prompt),

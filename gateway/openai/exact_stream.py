@@ -11,20 +11,25 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from gateway.backend import BackendReply, BackendStreamError
-from gateway.errors import ApiError, error_body
+from gateway.errors import ApiError
 from gateway.openai.capture import Asked, ChatCapture
-from gateway.openai.exact import DERENDER, GENERATE, _generate_body, feed_reply, prompt_for
-from gateway.openai.proxy import DONE, commit_turn, record_cancelled, send_upstream, store_error_turn
+from gateway.openai.exact import DERENDER, GENERATE, feed_reply, generate_body, prompt_for, without_end_token
+from gateway.openai.proxy import (
+    end_of_stream,
+    record_cancelled,
+    send_upstream,
+    store_error_turn,
+    stream_error,
+)
 from gateway.openai.sse import sse_data
 from gateway.state import GatewayState
-from gateway.store.records import StoreError
 
 
 async def forward_exact_stream(
     state: GatewayState, capture: ChatCapture, body: dict[str, Any], asked: Asked
 ) -> Response:
     request = await prompt_for(state, capture, body)
-    reply = await send_upstream(state, capture, _generate_body(request, body, stream=True), GENERATE)
+    reply = await send_upstream(state, capture, generate_body(request, body, stream=True), GENERATE)
     return StreamingResponse(_relay(state, capture, reply, body, request["token_ids"], asked), media_type="text/event-stream")
 
 
@@ -52,7 +57,7 @@ async def _relay(
             for choice in event.get("choices") or ():
                 capture.completion_ids.extend(choice.get("token_ids") or ())
                 capture.logprobs.extend(e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or ())
-            chunk, stream_state = await _derender(state, capture, body, prompt, _trim_end(event), stream_state)
+            chunk, stream_state = await _derender(state, capture, body, prompt, without_end_token(event), stream_state)
             if chunk is None:
                 chunk = _closing_chunk(event, capture, body)
             feed_reply(capture, chunk)
@@ -73,33 +78,12 @@ async def _relay(
         message = exc.message if isinstance(exc, ApiError) else str(exc)
         if not isinstance(exc, ApiError):  # an ApiError's turn was stored where it was raised
             await store_error_turn(state, capture, 502, message)
-        yield b"data: " + error_body(502, message, "backend_error") + b"\n\n"
-        yield DONE
+        yield stream_error(502, message, "backend_error")
         return
     finally:
         reply.close()
-    record = capture.finish()
-    record.finished_at = time.time()
-    record.http_status = 200
-    try:
-        await commit_turn(state, record)
-    except (ApiError, StoreError) as exc:
-        yield b"data: " + error_body(exc.status_code, exc.message, "store_error") + b"\n\n"
-    yield DONE
-
-
-def _trim_end(event: dict[str, Any]) -> dict[str, Any]:
-    """Drop a final EOS/stop token (derender would show it as text), as in the whole-reply path."""
-    choices = event.get("choices") or []
-    if not choices:
-        return event
-    choice = choices[0]
-    if choice.get("finish_reason") != "stop" or isinstance(choice.get("stop_reason"), str) or not choice.get("token_ids"):
-        return event
-    trimmed = {**choice, "token_ids": choice["token_ids"][:-1]}
-    if choice.get("logprobs") and choice["logprobs"].get("content"):
-        trimmed["logprobs"] = {**choice["logprobs"], "content": choice["logprobs"]["content"][:-1]}
-    return {**event, "choices": [trimmed]}
+    async for tail in end_of_stream(state, capture):
+        yield tail
 
 
 async def _derender(

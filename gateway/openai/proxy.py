@@ -201,19 +201,29 @@ async def _relay(
     except (_StreamError, BackendStreamError, orjson.JSONDecodeError) as exc:
         message = f"backend sent a chunk that is not JSON: {exc}" if isinstance(exc, orjson.JSONDecodeError) else str(exc)
         await store_error_turn(state, capture, 502, message)
-        yield b"data: " + error_body(502, message, "backend_error") + b"\n\n"
-        yield DONE
+        yield stream_error(502, message, "backend_error")
         return
     finally:
         reply.close()
+    async for tail in end_of_stream(state, capture):
+        yield tail
+
+
+def stream_error(status: int, message: str, code: str) -> bytes:
+    """An OpenAI-format error event, then the end of the stream."""
+    return b"data: " + error_body(status, message, code) + b"\n\n" + DONE
+
+
+async def end_of_stream(state: GatewayState, capture: TurnCapture) -> AsyncIterator[bytes]:
+    """Commit the streamed turn, then release the final [DONE] (or an error event if it could not be stored)."""
     record = capture.finish()
     record.finished_at = time.time()
     record.http_status = 200
     try:
         await commit_turn(state, record)
     except (ApiError, StoreError) as exc:
-        status = exc.status_code
-        yield b"data: " + error_body(status, exc.message, "store_error") + b"\n\n"
+        yield stream_error(exc.status_code, exc.message, "store_error")
+        return
     yield DONE
 
 
