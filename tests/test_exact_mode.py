@@ -138,3 +138,23 @@ def test_edited_history_in_exact_mode_forks_and_splices_nothing(start_gateway, d
     assert turns[2]["prompt_token_ids"] == tokenize_chat(vllm, summary)
     exact = turns[0]["prompt_token_ids"] + turns[0]["completion_token_ids"]
     assert turns[1]["prompt_token_ids"][: len(exact)] == exact
+
+
+def test_backend_without_token_endpoints_is_reported_and_served_in_pass_through(
+    gateway, start_gateway, databases, db_kind, vllm
+):
+    # Another gateway speaks the OpenAI API but has none of vLLM's render/generate/derender endpoints.
+    upstream = gateway.agent_url("chained")[: -len("/v1")]
+    db_url = databases.new(db_kind)
+    chained = start_gateway(db_url, "--mode", "exact", backends=[upstream])
+    agent = openai.OpenAI(base_url=chained.agent_url("r"), api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Hi"}]
+
+    reply = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=4, extra_body={"min_tokens": 4})
+
+    log = chained.log_path.read_text()
+    assert f"backend {upstream} does not serve vLLM's render/generate endpoints" in log
+    turn = stored_rollout(db_url, "r")["turns"][0]
+    assert (turn["splice"], turn["status"]) == (None, "ok")
+    assert turn["prompt_token_ids"] == tokenize_chat(vllm, messages)
+    assert detokenize(vllm, turn["completion_token_ids"]) == reply.choices[0].message.content
