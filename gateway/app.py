@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway import __version__
+from gateway.admin.router import router as admin_router
+from gateway.admin.traffic import Traffic
 from gateway.backend import BackendPool
 from gateway.control.router import router as control_router
 from gateway.errors import install_error_handlers
@@ -33,7 +35,9 @@ def create_app(settings: Settings) -> FastAPI:
             connect_timeout=settings.connect_timeout,
             max_connections=settings.max_connections,
         )
-        app.state.gateway = GatewayState(settings, store, backends, Metrics(), settings.policy_version)
+        app.state.gateway = GatewayState(
+            settings, store, backends, Metrics(), settings.policy_version, Traffic(settings.pause_timeout)
+        )
         for url in backends.urls:
             capable = await backends.probe_scale_out(url)
             if capable is None:
@@ -55,4 +59,5 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(control_router)
+    app.include_router(admin_router)
     return app

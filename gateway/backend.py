@@ -106,6 +106,19 @@ class BackendPool:
                 log.warning("backend %s lacks --enable-scale-out: exact-mode turns run in pass-through", url)
         return bool(known)
 
+    async def call_all(self, path: str, *, params: dict[str, str] | None = None, json: object = None) -> None:
+        """POST to every backend (pause, resume, weight version); 502 names the ones that failed."""
+        failures = []
+        for url in self.urls:
+            try:
+                async with self._session.post(url + path, params=params, json=json) as response:
+                    if response.status != 200:
+                        failures.append(f"{url}: HTTP {response.status} {(await response.text())[:200]}")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                failures.append(f"{url}: {exc!r}")
+        if failures:
+            raise ApiError(502, f"{path} failed on " + "; ".join(failures), "backend_error")
+
     async def get(self, path: str) -> tuple[int, bytes]:
         last_error: Exception | None = None
         for url in self.urls:

@@ -31,6 +31,12 @@ class Settings(BaseSettings):
         "--enable-scale-out); passthrough: let vLLM render every prompt. Rollouts can override it.",
     )
     policy_version: str = Field(default="0", description="Policy (weights) version stamped on new turns.")
+    admin_token: str | None = Field(
+        default=None, description="Bearer token the /admin API requires; no token: the admin API is open."
+    )
+    pause_timeout: float = Field(
+        default=600.0, description="Seconds a new agent call waits while the gateway is paused before a 503."
+    )
     public_url: str | None = Field(
         default=None, description="Base URL agents reach the gateway at; defaults to the request's own."
     )

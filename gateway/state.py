@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from gateway.admin.traffic import Traffic
 from gateway.backend import BackendPool
 from gateway.metrics import Metrics
 from gateway.settings import Settings
@@ -19,6 +20,7 @@ class GatewayState:
     backends: BackendPool
     metrics: Metrics
     policy_version: str
+    traffic: Traffic
 
 
 async def get_state(request: Request) -> GatewayState:

@@ -11,6 +11,7 @@ from trainer_client.batch import Batch
 from trainer_client.client import TrainerClient
 from trainer_client.groups import SampleOptions
 from trainer_client.loss import grpo_loss
-from trainer_client.samples import StepSample
+from trainer_client.samples import MergedSample, StepSample
+from trainer_client.sync import GatewayAdmin
 
-__all__ = ["Batch", "SampleOptions", "StepSample", "TrainerClient", "grpo_loss"]
+__all__ = ["Batch", "GatewayAdmin", "MergedSample", "SampleOptions", "StepSample", "TrainerClient", "grpo_loss"]

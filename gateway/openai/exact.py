@@ -109,6 +109,7 @@ async def forward_exact(state: GatewayState, capture: ChatCapture, body: dict[st
     feed_reply(capture, payload)
     capture.prompt_ids = prompt
     capture.completion_ids = sampled["token_ids"]
+    capture.record.weight_versions = sampled.get("weight_versions")
     capture.logprobs = [entry["logprob"] for entry in (sampled.get("logprobs") or {}).get("content") or ()]
     record = capture.finish()
     record.finished_at = record.first_token_at = time.time()

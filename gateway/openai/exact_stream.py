@@ -56,6 +56,7 @@ async def _relay(
                 record.first_token_at = time.time()
             for choice in event.get("choices") or ():
                 capture.completion_ids.extend(choice.get("token_ids") or ())
+                record.weight_versions = choice.get("weight_versions") or record.weight_versions
                 capture.logprobs.extend(e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or ())
             chunk, stream_state = await _derender(state, capture, body, prompt, without_end_token(event), stream_state)
             if chunk is None:

@@ -66,21 +66,42 @@ async def forward(
     state: GatewayState, rollout_id: str, capture_cls: type[TurnCapture], body: dict[str, Any]
 ) -> Response:
     rollout = await check_rollout(state, rollout_id)
-    capture = capture_cls(new_record(state, rollout_id, capture_cls, body))
-    upstream, asked = capture.inject(body)
-    metrics = state.metrics
-    metrics.in_flight.inc()
+    await state.traffic.enter()
+    state.metrics.in_flight.inc()
+    streaming = False
     try:
+        capture = capture_cls(new_record(state, rollout_id, capture_cls, body))
+        upstream, asked = capture.inject(body)
         mode = (rollout.mode if rollout is not None else None) or state.settings.mode
         if mode == "exact" and isinstance(capture, ChatCapture) and await state.backends.exact_capable(rollout_id):
             from gateway.openai.exact import forward_exact
 
-            return await forward_exact(state, capture, body, asked)
-        if capture.record.stream:
-            return await _forward_stream(state, capture, upstream, asked)
-        return await _forward_whole(state, capture, upstream, asked)
+            response = await forward_exact(state, capture, body, asked)
+        elif capture.record.stream:
+            response = await _forward_stream(state, capture, upstream, asked)
+        else:
+            response = await _forward_whole(state, capture, upstream, asked)
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = _counted(state, response.body_iterator)
+            streaming = True
+        return response
     finally:
-        metrics.in_flight.dec()
+        if not streaming:
+            _leave(state)
+
+
+async def _counted(state: GatewayState, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A streamed call is in flight until its last byte (or its client leaves)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        _leave(state)
+
+
+def _leave(state: GatewayState) -> None:
+    state.traffic.leave()
+    state.metrics.in_flight.dec()
 
 
 async def send_upstream(
@@ -122,6 +143,7 @@ def _backend_message(content: bytes) -> str | None:
 
 async def store_error_turn(state: GatewayState, capture: TurnCapture, status: int, message: str) -> None:
     record = capture.finish()
+    record.policy_version_end = state.policy_version
     record.status = schema.TURN_ERROR
     record.http_status = status
     record.error = message
@@ -159,6 +181,7 @@ async def _forward_whole(
 
 
 async def commit_turn(state: GatewayState, record: TurnRecord) -> None:
+    record.policy_version_end = state.policy_version
     try:
         await state.store.writer.insert_turn(record)
     except StoreError:
@@ -235,6 +258,7 @@ def record_cancelled(state: GatewayState, capture: TurnCapture) -> None:
     """The agent went away: store what was generated, without awaiting (this task is being cancelled)."""
     record = capture.finish()
     record.status = schema.TURN_CANCELLED
+    record.policy_version_end = state.policy_version
     record.error = "client disconnected before the end of the stream"
     record.finished_at = time.time()
     state.metrics.errors.labels(reason="cancelled").inc()

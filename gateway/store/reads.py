@@ -14,6 +14,7 @@ from gateway.store.tokens import unpack_ids, unpack_logprobs
 
 _TURN_FIELDS = (
     "status", "error", "http_status", "endpoint", "model", "stream", "backend", "policy_version",
+    "policy_version_end", "weight_versions",
     "content", "reasoning", "tool_calls", "finish_reason", "parent_turn", "forked_from", "prefix_tokens", "drift_tokens", "splice",
     "prompt_tokens", "completion_tokens", "started_at", "first_token_at", "finished_at",
 )

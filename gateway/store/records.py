@@ -46,6 +46,10 @@ class TurnRecord:
     first_token_at: float | None = None
     finished_at: float = 0.0
     splice: str | None = None
+    policy_version_end: str | None = None
+    """The policy version when the turn finished: differs from `policy_version` if weights changed meanwhile."""
+    weight_versions: list[dict[str, Any]] | None = None
+    """Exact mode: vLLM's spans of output tokens per weight version."""
     plain_prompt_ids: np.ndarray | None = None
     """Exact mode: the plain render of the messages, against which drift is measured."""
 

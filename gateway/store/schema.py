@@ -85,6 +85,8 @@ turns = Table(
     Column("http_status", Integer),
     Column("backend", String(256)),
     Column("policy_version", String(64)),
+    Column("policy_version_end", String(64)),
+    Column("weight_versions", Json),
     # What the agent asked: new messages (or a completions prompt), tools and every other request field.
     Column("prefix_messages", Integer, nullable=False),
     Column("messages", Json),

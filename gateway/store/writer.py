@@ -306,6 +306,8 @@ class StoreWriter:
                 "http_status": record.http_status,
                 "backend": record.backend,
                 "policy_version": record.policy_version,
+                "policy_version_end": record.policy_version_end,
+                "weight_versions": record.weight_versions,
                 "prefix_messages": placement.prefix_messages,
                 "messages": placement.new_messages,
                 "prompt_text": record.prompt_text,

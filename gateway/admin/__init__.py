@@ -1,0 +1,1 @@
+"""Admin API: pause and resume for weight syncs, policy versions, state."""

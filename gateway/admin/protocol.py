@@ -1,0 +1,30 @@
+"""Request and response models of the admin API."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["wait", "abort", "keep"] = "wait"
+    """wait: let calls in flight finish; abort: have vLLM abort them (they are recorded, finish_reason abort);
+    keep: freeze them inside vLLM until resume (they then span the weight update)."""
+    timeout: Annotated[float, Field(gt=0)] = 600.0
+    """Seconds to wait for calls in flight to finish (wait, abort)."""
+
+
+class PolicyVersionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class AdminState(BaseModel):
+    paused: bool
+    in_flight: int
+    policy_version: str
+    backends: list[str]

@@ -1,0 +1,48 @@
+"""Weight-sync coordination: the gateway and every vLLM backend pause, take a new version, resume."""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.admin.protocol import AdminState
+from gateway.errors import ApiError
+from gateway.state import GatewayState
+
+log = logging.getLogger(__name__)
+
+
+def admin_state(state: GatewayState) -> AdminState:
+    return AdminState(
+        paused=state.traffic.paused,
+        in_flight=state.traffic.in_flight,
+        policy_version=state.policy_version,
+        backends=state.backends.urls,
+    )
+
+
+async def pause(state: GatewayState, mode: str, timeout: float) -> AdminState:
+    """Hold new agent calls, then deal with those in flight as vLLM's own /pause does."""
+    state.traffic.close()
+    if mode == "wait" and not await state.traffic.drained(timeout):
+        state.traffic.open()
+        raise ApiError(504, f"calls still in flight after {timeout:.0f} s: not paused", "pause_timeout")
+    await state.backends.call_all("/pause", params={"mode": mode})
+    if mode == "abort" and not await state.traffic.drained(timeout):
+        raise ApiError(504, f"aborted calls still in flight after {timeout:.0f} s", "pause_timeout")
+    log.info("paused (%s): %d calls in flight", mode, state.traffic.in_flight)
+    return admin_state(state)
+
+
+async def resume(state: GatewayState) -> AdminState:
+    await state.backends.call_all("/resume")
+    state.traffic.open()
+    log.info("resumed at policy version %s", state.policy_version)
+    return admin_state(state)
+
+
+async def set_policy_version(state: GatewayState, version: str) -> AdminState:
+    """New turns are stamped with `version`; the backends tag their tokens with it too."""
+    await state.backends.call_all("/update_weight_version", json={"new_version": version})
+    state.policy_version = version
+    log.info("policy version is now %s", version)
+    return admin_state(state)

@@ -1,0 +1,52 @@
+"""Admission of agent calls: counts those in flight, and holds new ones while the gateway is paused."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.errors import ApiError
+
+
+class Traffic:
+    def __init__(self, pause_timeout: float) -> None:
+        self.pause_timeout = pause_timeout
+        self.in_flight = 0
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    async def enter(self) -> None:
+        """Admit a call, waiting (up to the pause timeout) while a weight sync is in progress."""
+        if not self._open.is_set():
+            try:
+                await asyncio.wait_for(self._open.wait(), self.pause_timeout)
+            except asyncio.TimeoutError:
+                raise ApiError(
+                    503, f"the gateway is paused for a weight update (waited {self.pause_timeout:.0f} s)", "paused"
+                ) from None
+        self.in_flight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    def close(self) -> None:
+        self._open.clear()
+
+    def open(self) -> None:
+        self._open.set()
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait until no call is in flight; False if some still are after `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True

@@ -1,0 +1,142 @@
+"""Weight-sync coordination: pause, new policy version, resume, across the gateway and vLLM."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from support import stored_rollout
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "min_tokens": 3}
+
+
+@pytest.fixture
+def fresh(start_gateway, databases, db_kind):
+    def start(*args: str):
+        db_url = databases.new(db_kind)
+        return start_gateway(db_url, *args), db_url
+
+    return start
+
+
+def admin(gateway, path: str, **kwargs) -> httpx.Response:
+    method = httpx.get if path == "/state" else httpx.post
+    return method(f"{gateway.url}/admin{path}", timeout=60, **kwargs)
+
+
+def test_pause_holds_new_calls_until_resume(fresh, rollout_id):
+    gateway, db_url = fresh()
+    paused = admin(gateway, "/pause", json={"mode": "wait"}).json()
+    done = threading.Event()
+
+    def call() -> None:
+        httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT, timeout=60).raise_for_status()
+        done.set()
+
+    caller = threading.Thread(target=call)
+    try:
+        caller.start()
+        assert not done.wait(1.5)
+        assert admin(gateway, "/state").json()["paused"] is True
+    finally:
+        resumed = admin(gateway, "/resume").json()
+    caller.join(60)
+
+    assert (paused["paused"], resumed["paused"]) == (True, False)
+    assert done.is_set()
+    assert [t["status"] for t in stored_rollout(db_url, rollout_id)["turns"]] == ["ok"]
+    assert admin(gateway, "/state").json()["in_flight"] == 0
+
+
+def test_new_policy_version_stamps_the_turns_that_follow(fresh, rollout_id):
+    gateway, db_url = fresh("--policy-version", "3")
+    url = gateway.agent_url(rollout_id) + "/chat/completions"
+    httpx.post(url, json=CHAT, timeout=60)
+    try:
+        state = admin(gateway, "/policy_version", json={"version": "4"}).json()
+        httpx.post(url, json=CHAT, timeout=60)
+    finally:
+        admin(gateway, "/policy_version", json={"version": "default"})
+
+    turns = stored_rollout(db_url, rollout_id)["turns"]
+    assert state["policy_version"] == "4"
+    assert [(t["policy_version"], t["policy_version_end"]) for t in turns] == [("3", "3"), ("4", "4")]
+
+
+def test_turn_spanning_a_weight_update_records_both_versions(fresh, rollout_id):
+    gateway, db_url = fresh("--mode", "exact", "--policy-version", "1")
+    body = {**CHAT, "max_tokens": 600, "min_tokens": 600, "stream": True}
+    try:
+        with httpx.stream("POST", gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=120) as reply:
+            lines = reply.iter_lines()
+            for _ in range(10):
+                next(lines)
+            admin(gateway, "/pause", json={"mode": "keep"}).raise_for_status()
+            admin(gateway, "/policy_version", json={"version": "2"}).raise_for_status()
+            admin(gateway, "/resume").raise_for_status()
+            rest = [line for line in lines if line]
+    finally:
+        admin(gateway, "/resume")
+        admin(gateway, "/policy_version", json={"version": "default"})
+
+    assert rest[-1] == "data: [DONE]"
+    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    assert (turn["policy_version"], turn["policy_version_end"]) == ("1", "2")
+    # vLLM's own spans of output tokens per weight version, as it reported them.
+    spans = turn["weight_versions"]
+    assert spans[0]["start"] == 0 and spans[-1]["end"] == len(turn["completion_token_ids"]) == 600
+    assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))
+
+
+def test_pause_timeout_answers_503_in_openai_format(fresh, rollout_id):
+    gateway, _ = fresh("--pause-timeout", "0.5")
+    admin(gateway, "/pause", json={"mode": "wait"})
+    try:
+        agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
+        started = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as raised:
+            agent.chat.completions.create(model="tiny", messages=CHAT["messages"], max_tokens=3)
+    finally:
+        admin(gateway, "/resume")
+    assert raised.value.status_code == 503
+    assert raised.value.body["code"] == "paused"
+    assert 0.4 < time.monotonic() - started < 5
+
+
+def test_admin_api_requires_the_token_when_one_is_set(fresh):
+    gateway, _ = fresh("--admin-token", "s3cret")
+
+    refused = admin(gateway, "/state")
+    wrong = admin(gateway, "/state", headers={"authorization": "Bearer nope"})
+    allowed = admin(gateway, "/state", headers={"authorization": "Bearer s3cret"})
+
+    assert (refused.status_code, wrong.status_code, allowed.status_code) == (401, 401, 200)
+    assert refused.json()["error"]["code"] == "unauthorized"
+    assert allowed.json() == {"paused": False, "in_flight": 0, "policy_version": "0", "backends": allowed.json()["backends"]}
+
+
+def test_trainer_weight_sync_pauses_sets_the_version_and_resumes(fresh, rollout_id):
+    from trainer_client import GatewayAdmin
+
+    gateway, db_url = fresh("--admin-token", "t")
+    client = GatewayAdmin(gateway.url, admin_token="t")
+    try:
+        with client.weight_sync("9") as paused:
+            assert paused["paused"] is True
+            assert client.state()["policy_version"] == "0"
+        state = client.state()
+        httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT, timeout=60)
+        with pytest.raises(RuntimeError, match="boom"), client.weight_sync("10"):
+            raise RuntimeError("boom")
+        after_failure = client.state()
+    finally:
+        client.set_policy_version("default")
+        client.close()
+
+    assert (state["paused"], state["policy_version"]) == (False, "9")
+    assert (after_failure["paused"], after_failure["policy_version"]) == (False, "9")
+    assert stored_rollout(db_url, rollout_id)["turns"][0]["policy_version"] == "9"

@@ -1,0 +1,50 @@
+"""Weight sync from the trainer's side: pause the gateway (and through it every vLLM backend), let the
+caller push new weights, tag them with a new policy version, resume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+
+class GatewayAdmin:
+    def __init__(self, gateway_url: str, admin_token: str | None = None, timeout: float = 900.0) -> None:
+        headers = {"authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._http = httpx.Client(base_url=gateway_url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        response = self._http.post("/admin" + path, json=body)
+        if response.status_code != 200:
+            raise RuntimeError(f"gateway {path} failed: HTTP {response.status_code} {response.text[:300]}")
+        return response.json()
+
+    def state(self) -> dict[str, Any]:
+        return self._http.get("/admin/state").raise_for_status().json()
+
+    def pause(self, mode: str = "wait", timeout: float = 600.0) -> dict[str, Any]:
+        return self._post("/pause", {"mode": mode, "timeout": timeout})
+
+    def resume(self) -> dict[str, Any]:
+        return self._post("/resume")
+
+    def set_policy_version(self, version: str) -> dict[str, Any]:
+        return self._post("/policy_version", {"version": version})
+
+    @contextmanager
+    def weight_sync(self, version: str, mode: str = "wait", timeout: float = 600.0) -> Iterator[dict[str, Any]]:
+        """Pause and drain; the body pushes the weights; then the new version is set and generation resumes.
+
+        Generation resumes even if the body fails (the version then stays the old one).
+        """
+        paused = self.pause(mode, timeout)
+        try:
+            yield paused
+            self.set_policy_version(version)
+        finally:
+            self.resume()
+
+    def close(self) -> None:
+        self._http.close()
