@@ -1,16 +1,19 @@
-"""Incremental server-sent-events parsing: yields each event's `data` as it completes."""
+"""Incremental server-sent-events parsing."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 
-async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def sse_batches(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    """The `data` of the events each network read completes, together: a reader that falls behind gets
+    everything that has arrived at once."""
     buffer = b""
     async for chunk in chunks:
         buffer += chunk
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
+        batch = []
         while True:
             end = buffer.find(b"\n\n")
             if end < 0:
@@ -18,4 +21,13 @@ async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             event, buffer = buffer[:end], buffer[end + 2 :]
             data = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
             if data:
-                yield b"\n".join(data)
+                batch.append(b"\n".join(data))
+        if batch:
+            yield batch
+
+
+async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Each event's `data` as it completes."""
+    async for batch in sse_batches(chunks):
+        for data in batch:
+            yield data
