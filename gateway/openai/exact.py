@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from gateway.errors import ApiError
 from gateway.openai.capture import Asked, ChatCapture
-from gateway.openai.proxy import commit_turn, send_upstream, store_error_turn
+from gateway.openai.recording import commit_turn, send_upstream, store_error_turn
 from gateway.openai.splice import splice
 from gateway.state import GatewayState
 from gateway.store.tokens import ID_DTYPE
@@ -86,10 +86,7 @@ def without_end_token(generated: dict[str, Any]) -> dict[str, Any]:
 
 
 async def forward_exact(state: GatewayState, capture: ChatCapture, body: dict[str, Any], asked: Asked) -> Response:
-    if capture.record.stream:
-        from gateway.openai.exact_stream import forward_exact_stream
-
-        return await forward_exact_stream(state, capture, body, asked)
+    """A whole (non-streamed) reply in exact mode; `exact_stream` streams."""
     request = await prompt_for(state, capture, body)
     generated = await _post(state, capture, GENERATE, generate_body(request, body, stream=False))
     prompt = request["token_ids"]

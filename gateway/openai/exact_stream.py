@@ -14,7 +14,7 @@ from gateway.backend import BackendReply, BackendStreamError
 from gateway.errors import ApiError
 from gateway.openai.capture import Asked, ChatCapture
 from gateway.openai.exact import DERENDER, GENERATE, feed_reply, generate_body, prompt_for, without_end_token
-from gateway.openai.proxy import (
+from gateway.openai.recording import (
     end_of_stream,
     record_cancelled,
     send_upstream,
