@@ -150,11 +150,17 @@ def test_backend_without_token_endpoints_is_reported_and_served_in_pass_through(
     agent = openai.OpenAI(base_url=chained.agent_url("r"), api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "Hi"}]
 
-    reply = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=4, extra_body={"min_tokens": 4})
+    sampling = {"max_tokens": 4, "temperature": 0.0}
+    agent.chat.completions.create(model="tiny", messages=messages, **sampling)
+    direct = httpx.post(
+        vllm.url + "/v1/chat/completions",
+        json={"model": "tiny", "messages": messages, **sampling, "return_token_ids": True},
+        timeout=60,
+    ).json()
 
     log = chained.log_path.read_text()
     assert f"backend {upstream} does not serve vLLM's render/generate endpoints" in log
     turn = stored_rollout(db_url, "r")["turns"][0]
     assert (turn["splice"], turn["status"]) == (None, "ok")
-    assert turn["prompt_token_ids"] == tokenize_chat(vllm, messages)
-    assert detokenize(vllm, turn["completion_token_ids"]) == reply.choices[0].message.content
+    assert turn["prompt_token_ids"] == tokenize_chat(vllm, messages) == direct["prompt_token_ids"]
+    assert turn["completion_token_ids"] == direct["choices"][0]["token_ids"]
