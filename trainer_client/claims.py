@@ -4,6 +4,9 @@ A claim runs in one write transaction: find ready groups, lock their unclaimed r
 trainer id and step (with a skip reason for those not served). On PostgreSQL the lock is
 `FOR UPDATE SKIP LOCKED`, so concurrent trainers skip each other's groups instead of waiting; a group whose
 rollouts another trainer holds in part is left to it. On SQLite the transaction itself is exclusive.
+
+A claim taken with a lease holds until the trainer commits it (its step is done) or the lease runs out: a
+trainer killed mid-step gives its rollouts back to the others without anyone cleaning up after it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from trainer_client.groups import SampleOptions, Selection, classify, load_rollouts, ready_groups
+from trainer_client.groups import SampleOptions, Selection, claimable, classify, load_rollouts, ready_groups
 
 _ROLLOUT_COLUMNS = (
     schema.rollouts.c.rollout_id,
@@ -26,13 +29,16 @@ _ROLLOUT_COLUMNS = (
 )
 
 
-def claim_groups(conn: Connection, trainer_id: str, step: int, options: SampleOptions) -> Selection:
+def claim_groups(
+    conn: Connection, trainer_id: str, step: int, options: SampleOptions, lease: float | None = None
+) -> Selection:
     """Inside a write transaction: claim ready groups for `trainer_id` and return what to train on."""
     r = schema.rollouts
-    groups = ready_groups(conn, options, unclaimed_only=True)
+    now = time.time()
+    groups = ready_groups(conn, options, unclaimed_only=True, now=now)
     if not groups:
         return Selection()
-    unclaimed = (r.c.group_id.in_(groups), r.c.claimed_by.is_(None))
+    unclaimed = (r.c.group_id.in_(groups), claimable(now), r.c.eval.is_(False))
     query = select(*_ROLLOUT_COLUMNS).where(*unclaimed)
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
@@ -41,7 +47,6 @@ def claim_groups(conn: Connection, trainer_id: str, step: int, options: SampleOp
     held = Counter(row.group_id for row in locked)
     whole = [row for row in locked if held[row.group_id] == expected.get(row.group_id)]
     selection = classify(load_rollouts(conn, whole), options)
-    now = time.time()
     reasons: dict[str | None, list[str]] = defaultdict(list)
     for info in selection.rollouts + selection.skipped:
         reasons[info.skip_reason].append(info.rollout_id)
@@ -49,9 +54,26 @@ def claim_groups(conn: Connection, trainer_id: str, step: int, options: SampleOp
         conn.execute(
             update(r)
             .where(r.c.rollout_id.in_(ids))
-            .values(claimed_by=trainer_id, claim_step=step, claimed_at=now, skip_reason=reason)
+            .values(
+                claimed_by=trainer_id,
+                claim_step=step,
+                claimed_at=now,
+                skip_reason=reason,
+                lease_until=now + lease if lease is not None and reason is None else None,
+            )
         )
     return selection
+
+
+def commit_claims(conn: Connection, trainer_id: str, step: int) -> int:
+    """Keep for good what `trainer_id` claimed at `step` under a lease it still holds; returns the count."""
+    r = schema.rollouts
+    result = conn.execute(
+        update(r)
+        .where(r.c.claimed_by == trainer_id, r.c.claim_step == step, r.c.lease_until.is_not(None))
+        .values(lease_until=None)
+    )
+    return int(result.rowcount)
 
 
 def release_claims(conn: Connection, trainer_id: str, step: int | None = None) -> int:
@@ -61,12 +83,13 @@ def release_claims(conn: Connection, trainer_id: str, step: int | None = None) -
     if step is not None:
         condition.append(r.c.claim_step == step)
     result = conn.execute(
-        update(r).where(*condition).values(claimed_by=None, claim_step=None, claimed_at=None)
+        update(r).where(*condition).values(claimed_by=None, claim_step=None, claimed_at=None, lease_until=None)
     )
     return int(result.rowcount)
 
 
 def read_groups(conn: Connection, groups: list[str], options: SampleOptions) -> Selection:
     """The given groups as a trainer would see them, claiming nothing: for export and analysis."""
-    rows = conn.execute(select(*_ROLLOUT_COLUMNS).where(schema.rollouts.c.group_id.in_(groups))).all()
+    r = schema.rollouts
+    rows = conn.execute(select(*_ROLLOUT_COLUMNS).where(r.c.group_id.in_(groups), r.c.eval.is_(False))).all()
     return classify(load_rollouts(conn, rows), options)

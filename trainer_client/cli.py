@@ -36,6 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--group-timeout", type=float, default=None, help="serve a group's finished rollouts after this many seconds"
     )
 
+    evaluate = commands.add_parser(
+        "eval", help="mean reward and pass@k of the rollouts tagged eval, per policy version"
+    )
+    evaluate.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
+    evaluate.add_argument(
+        "-k", type=int, action="append", dest="ks", metavar="K", help="pass@K to report (repeatable; default: 1)"
+    )
+    evaluate.add_argument(
+        "--pass-threshold", type=float, default=1.0, help="a rollout passes when its reward reaches this (default: %(default)s)"
+    )
+    evaluate.add_argument("--output", "-o", help="also save the report as JSON to this file")
+
     tail = commands.add_parser("tail", help="follow groups as they finish")
     tail.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
     tail.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default: %(default)s)")
@@ -47,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.store.database import SchemaMismatch
 
     args = build_parser().parse_args(argv)
-    command = {"stats": _stats, "export": _export, "tail": _tail}[args.command]
+    command = {"stats": _stats, "export": _export, "eval": _eval, "tail": _tail}[args.command]
     try:
         return command(args)
     except SchemaMismatch as exc:
@@ -154,6 +166,24 @@ class _ParquetSink:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from gateway.store.database import make_engine, require_current_schema
+    from trainer_client.evaluation import evaluation_report
+
+    engine = make_engine(args.db)
+    require_current_schema(engine)
+    with engine.connect() as conn:
+        report = evaluation_report(conn, tuple(args.ks or (1,)), args.pass_threshold)
+    engine.dispose()
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"evaluation rollouts per policy version (pass: reward >= {args.pass_threshold})")
+    _table(report["policy_versions"])
+    if args.output:
+        print(f"saved to {args.output}")
+    return 0
 
 
 def _tail(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from gateway.store.database import make_engine, require_current_schema
 from trainer_client.batch import Batch
-from trainer_client.claims import claim_groups, read_groups, release_claims
+from trainer_client.claims import claim_groups, commit_claims, read_groups, release_claims
 from trainer_client.groups import SampleOptions, Selection, ready_groups
 from trainer_client.reader import load_samples
 
@@ -19,16 +19,25 @@ class TrainerClient:
         self._write_engine = make_engine(db, pool_size=1, writer=True)
         require_current_schema(self.engine)
 
-    def claim(self, trainer_id: str, step: int, options: SampleOptions | None = None) -> Batch:
+    def claim(
+        self, trainer_id: str, step: int, options: SampleOptions | None = None, *, lease: float | None = None
+    ) -> Batch:
         """Atomically take ready groups for `trainer_id` at training `step`, as one batch.
 
         No two trainers ever get the same rollout. Stale, failed and unrewarded rollouts met on the way are
-        marked with their reason (counted in `Batch.counts`) so nobody takes them again.
+        marked with their reason (counted in `Batch.counts`) so nobody takes them again. With `lease`
+        (seconds), the claim lapses unless `commit(trainer_id, step)` comes first: if this trainer dies
+        mid-step, another one takes the rollouts after the lease.
         """
         options = options or SampleOptions()
         with self._write_engine.begin() as conn:
-            selection = claim_groups(conn, trainer_id, step, options)
+            selection = claim_groups(conn, trainer_id, step, options, lease)
         return self._load(selection, options)
+
+    def commit(self, trainer_id: str, step: int) -> int:
+        """The step is trained: keep its leased claims for good; returns how many were still held."""
+        with self._write_engine.begin() as conn:
+            return commit_claims(conn, trainer_id, step)
 
     def release(self, trainer_id: str, step: int | None = None) -> int:
         """Return claimed rollouts (a failed step) so that they can be claimed again; returns how many."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import ColumnElement, and_, case, func, or_, select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
@@ -84,19 +84,25 @@ class Selection:
         }
 
 
+def claimable(now: float) -> ColumnElement[bool]:
+    """Not claimed, or claimed under a lease that ran out."""
+    r = schema.rollouts
+    return or_(r.c.claimed_by.is_(None), r.c.lease_until < now)
+
+
 def ready_groups(
     conn: Connection, options: SampleOptions, *, unclaimed_only: bool, now: float | None = None
 ) -> list[str]:
-    """Groups ready to serve, oldest first."""
+    """Training groups ready to serve, oldest first (evaluation rollouts are never served)."""
     r = schema.rollouts
+    now = now or time.time()
     running = func.sum(case((r.c.status == schema.ROLLOUT_RUNNING, 1), else_=0))
     ready = running == 0
     if options.group_timeout is not None:
-        deadline = (now or time.time()) - options.group_timeout
-        ready = or_(ready, func.min(r.c.created_at) < deadline)
-    query = select(r.c.group_id).group_by(r.c.group_id)
+        ready = or_(ready, func.min(r.c.created_at) < now - options.group_timeout)
+    query = select(r.c.group_id).where(r.c.eval.is_(False)).group_by(r.c.group_id)
     if unclaimed_only:
-        unclaimed = func.sum(case((r.c.claimed_by.is_(None), 1), else_=0))
+        unclaimed = func.sum(case((claimable(now), 1), else_=0))
         query = query.having(and_(unclaimed > 0, ready))
     else:
         query = query.having(ready)

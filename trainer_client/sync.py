@@ -33,6 +33,10 @@ class GatewayAdmin:
     def set_policy_version(self, version: str) -> dict[str, Any]:
         return self._post("/policy_version", {"version": version})
 
+    def reload_weights(self) -> dict[str, Any]:
+        """Every backend reloads its weights from its model directory (after the trainer wrote them there)."""
+        return self._post("/reload_weights")
+
     @contextmanager
     def weight_sync(self, version: str, mode: str = "wait", timeout: float = 600.0) -> Iterator[dict[str, Any]]:
         """Pause and drain; the body pushes the weights; then the new version is set and generation resumes.

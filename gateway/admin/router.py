@@ -40,6 +40,12 @@ async def policy_version(body: PolicyVersionRequest, state: GatewayState = Depen
     return await service.set_policy_version(state, body.version)
 
 
+@router.post("/reload_weights", response_model=AdminState)
+async def reload_weights(state: GatewayState = Depends(require_admin)) -> AdminState:
+    """Have every backend reload the weights from its model directory (a weight sync through the disk)."""
+    return await service.reload_weights(state)
+
+
 @router.get("/state", response_model=AdminState)
 async def admin_state(state: GatewayState = Depends(require_admin)) -> AdminState:
     return service.admin_state(state)

@@ -46,3 +46,10 @@ async def set_policy_version(state: GatewayState, version: str) -> AdminState:
     state.policy_version = version
     log.info("policy version is now %s", version)
     return admin_state(state)
+
+
+async def reload_weights(state: GatewayState) -> AdminState:
+    """Every backend reloads its weights from its model directory (where the trainer has just written them)."""
+    await state.backends.call_all("/collective_rpc", json={"method": "reload_weights"})
+    log.info("backends reloaded their weights")
+    return admin_state(state)

@@ -21,6 +21,8 @@ class CreateRolloutRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     mode: Literal["exact", "passthrough"] | None = None
     """Overrides the gateway's --mode for this rollout's turns."""
+    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=32)] | None = None
+    """Free labels; "eval" marks an evaluation rollout, never claimed for training."""
 
 
 class RolloutCreated(BaseModel):
@@ -29,6 +31,7 @@ class RolloutCreated(BaseModel):
     task_id: str | None
     metadata: dict[str, Any]
     mode: str
+    tags: list[str] | None
     status: str
     created: bool
     base_url: str

@@ -36,7 +36,7 @@ async def create_rollout(
     body: CreateRolloutRequest, request: Request, response: Response, state: GatewayState = Depends(get_state)
 ) -> RolloutCreated:
     """Create a rollout (idempotent on `rollout_id`) and return the base URL to hand to the agent."""
-    new = NewRollout(body.rollout_id or new_id(), body.group_id, body.task_id, body.metadata, body.mode)
+    new = NewRollout(body.rollout_id or new_id(), body.group_id, body.task_id, body.metadata, body.mode, body.tags)
     row, created = await state.store.writer.create_rollout(new)
     if not created:
         response.status_code = 200
@@ -46,6 +46,7 @@ async def create_rollout(
         task_id=row["task_id"],
         metadata=row["metadata"],
         mode=row["mode"] or state.settings.mode,
+        tags=row["tags"],
         status=row["status"],
         created=created,
         base_url=agent_base_url(state, request, row["rollout_id"]),

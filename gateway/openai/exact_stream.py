@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,13 +13,7 @@ from gateway.backend import BackendReply, BackendStreamError
 from gateway.errors import ApiError
 from gateway.openai.capture import Asked, ChatCapture
 from gateway.openai.exact import DERENDER, GENERATE, feed_reply, generate_body, prompt_for, without_end_token
-from gateway.openai.recording import (
-    end_of_stream,
-    record_cancelled,
-    send_upstream,
-    store_error_turn,
-    stream_error,
-)
+from gateway.openai.recording import StreamFailure, relay_turn, send_upstream
 from gateway.openai.sse import sse_batches
 from gateway.state import GatewayState
 
@@ -30,10 +23,11 @@ async def forward_exact_stream(
 ) -> Response:
     request = await prompt_for(state, capture, body)
     reply = await send_upstream(state, capture, generate_body(request, body, stream=True), GENERATE)
-    return StreamingResponse(_relay(state, capture, reply, body, request["token_ids"], asked), media_type="text/event-stream")
+    chunks = _chunks(state, capture, reply, body, request["token_ids"], asked)
+    return StreamingResponse(relay_turn(state, capture, reply, chunks), media_type="text/event-stream")
 
 
-async def _relay(
+async def _chunks(
     state: GatewayState,
     capture: ChatCapture,
     reply: BackendReply,
@@ -41,6 +35,7 @@ async def _relay(
     prompt: list[int],
     asked: Asked,
 ) -> AsyncIterator[bytes]:
+    """The agent's chat chunks, each derendered from the generate events that arrived together."""
     record = capture.record
     capture.prompt_ids = prompt
     stream_state: Any = None
@@ -48,9 +43,9 @@ async def _relay(
     try:
         async for event in _coalesced(reply):
             if event is None:
-                break
+                return
             if "error" in event and "choices" not in event:
-                raise BackendStreamError(str(event["error"]))
+                raise StreamFailure(str(event["error"]))
             if record.first_token_at is None:
                 record.first_token_at = time.time()
             for choice in event.get("choices") or ():
@@ -69,21 +64,13 @@ async def _relay(
             capture.strip(chunk, asked)
             first = False
             yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-        else:
-            raise BackendStreamError("backend stream ended without [DONE]")
-    except (asyncio.CancelledError, GeneratorExit):
-        record_cancelled(state, capture)
-        raise
-    except (BackendStreamError, ApiError, orjson.JSONDecodeError) as exc:
-        message = exc.message if isinstance(exc, ApiError) else str(exc)
-        if not isinstance(exc, ApiError):  # an ApiError's turn was stored where it was raised
-            await store_error_turn(state, capture, 502, message)
-        yield stream_error(502, message, "backend_error")
-        return
-    finally:
-        reply.close()
-    async for tail in end_of_stream(state, capture):
-        yield tail
+    except ApiError as exc:  # its error turn was stored where it was raised
+        raise StreamFailure(exc.message, stored=True) from exc
+    except BackendStreamError as exc:
+        raise StreamFailure(str(exc)) from exc
+    except orjson.JSONDecodeError as exc:
+        raise StreamFailure(f"backend sent an event that is not JSON: {exc}") from exc
+    raise StreamFailure("backend stream ended without [DONE]")
 
 
 async def _coalesced(reply: BackendReply) -> AsyncIterator[dict[str, Any] | None]:

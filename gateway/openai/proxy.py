@@ -7,7 +7,6 @@ A client that goes away mid-stream leaves a turn marked cancelled with what had 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -22,13 +21,12 @@ from gateway.openai.capture import Asked, ChatCapture, TurnCapture
 from gateway.openai.exact import forward_exact
 from gateway.openai.exact_stream import forward_exact_stream
 from gateway.openai.recording import (
+    StreamFailure,
     backend_message,
     commit_turn,
-    end_of_stream,
-    record_cancelled,
+    relay_turn,
     send_upstream,
     store_error_turn,
-    stream_error,
 )
 from gateway.openai.sse import sse_data
 from gateway.state import GatewayState
@@ -135,41 +133,27 @@ async def _forward_stream(
     state: GatewayState, capture: TurnCapture, upstream: dict[str, Any], asked: Asked
 ) -> Response:
     reply = await send_upstream(state, capture, upstream)
-    return StreamingResponse(_relay(state, capture, reply, asked), media_type="text/event-stream")
+    chunks = _chunks(capture, reply, asked)
+    return StreamingResponse(relay_turn(state, capture, reply, chunks), media_type="text/event-stream")
 
 
-async def _relay(
-    state: GatewayState, capture: TurnCapture, reply: BackendReply, asked: Asked
-) -> AsyncIterator[bytes]:
-    """Pass each chunk on as it arrives while capturing it; commit, then send the final [DONE]."""
+async def _chunks(capture: TurnCapture, reply: BackendReply, asked: Asked) -> AsyncIterator[bytes]:
+    """vLLM's chunks as they arrive, captured, then stripped of what the gateway injected."""
     record = capture.record
     try:
         async for data in sse_data(reply.chunks()):
             if data == b"[DONE]":
-                break
+                return
             chunk = orjson.loads(data)
             if record.first_token_at is None:
                 record.first_token_at = time.time()
             if "error" in chunk and "choices" not in chunk:
-                raise _StreamError(backend_message(data) or "backend stream failed")
+                raise StreamFailure(backend_message(data) or "backend stream failed")
             capture.feed(chunk)
             capture.strip(chunk, asked)
             yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-        else:
-            raise _StreamError("backend stream ended without [DONE]")
-    except (asyncio.CancelledError, GeneratorExit):
-        record_cancelled(state, capture)
-        raise
-    except (_StreamError, BackendStreamError, orjson.JSONDecodeError) as exc:
-        message = f"backend sent a chunk that is not JSON: {exc}" if isinstance(exc, orjson.JSONDecodeError) else str(exc)
-        await store_error_turn(state, capture, 502, message)
-        yield stream_error(502, message, "backend_error")
-        return
-    finally:
-        reply.close()
-    async for tail in end_of_stream(state, capture):
-        yield tail
-
-
-class _StreamError(Exception):
-    pass
+    except BackendStreamError as exc:
+        raise StreamFailure(str(exc)) from exc
+    except orjson.JSONDecodeError as exc:
+        raise StreamFailure(f"backend sent a chunk that is not JSON: {exc}") from exc
+    raise StreamFailure("backend stream ended without [DONE]")

@@ -92,6 +92,38 @@ async def commit_turn(state: GatewayState, record: TurnRecord) -> None:
     _account(state, record, 200)
 
 
+class StreamFailure(Exception):
+    """A streamed reply broke off; `stored` when its error turn was already recorded where it happened."""
+
+    def __init__(self, message: str, *, stored: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.stored = stored
+
+
+async def relay_turn(
+    state: GatewayState, capture: TurnCapture, reply: BackendReply, chunks: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """The frame of every streamed turn: pass the agent's chunks on as they come; a client that leaves
+    leaves a cancelled turn, a failing backend an error turn and an error event; otherwise the turn is
+    committed, then the final [DONE] is sent."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except (asyncio.CancelledError, GeneratorExit):
+        record_cancelled(state, capture)
+        raise
+    except StreamFailure as exc:
+        if not exc.stored:
+            await store_error_turn(state, capture, 502, exc.message)
+        yield stream_error(502, exc.message, "backend_error")
+        return
+    finally:
+        reply.close()
+    async for tail in end_of_stream(state, capture):
+        yield tail
+
+
 def stream_error(status: int, message: str, code: str) -> bytes:
     """An OpenAI-format error event, then the end of the stream."""
     return b"data: " + error_body(status, message, code) + b"\n\n" + DONE

@@ -70,5 +70,6 @@ def get_rollout(
         "claim_step": row["claim_step"],
         "skip_reason": row["skip_reason"],
         "mode": row["mode"],
+        "tags": row["tags"],
         "turns": turns,
     }

@@ -61,6 +61,11 @@ class NewRollout:
     task_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     mode: str | None = None
+    tags: list[str] | None = None
+
+    @property
+    def eval(self) -> bool:
+        return "eval" in (self.tags or ())
 
 
 @dataclass(frozen=True)

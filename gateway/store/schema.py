@@ -24,6 +24,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 
@@ -64,8 +65,15 @@ rollouts = Table(
     Column("claim_step", Integer),
     Column("claimed_at", Float),
     Column("skip_reason", String(32)),
+    # A claim taken with a lease is given up at this time unless the trainer commits it first (a trainer
+    # that died mid-step); null: held for good.
+    Column("lease_until", Float),
     # How its turns' prompts are built: "exact" or "passthrough"; null: the gateway's --mode.
     Column("mode", String(16)),
+    # Free labels from the orchestrator; `eval` is true when they include "eval": such rollouts are measured
+    # (`trainer-client eval`), never claimed for training.
+    Column("tags", Json),
+    Column("eval", Boolean, nullable=False, server_default=false()),
     Index("ix_rollouts_group_id", "group_id"),
     Index("ix_rollouts_status", "status"),
     Index("ix_rollouts_claimed_by", "claimed_by"),

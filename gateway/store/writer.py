@@ -249,7 +249,7 @@ class StoreWriter:
     def _create_rollout(self, conn: Connection, new: NewRollout) -> tuple[dict[str, Any], bool]:
         existing = self._rollout_row(conn, new.rollout_id)
         if existing is not None:
-            for name in ("group_id", "task_id", "mode"):
+            for name in ("group_id", "task_id", "mode", "tags"):
                 given = getattr(new, name)
                 if given is not None and given != existing[name]:
                     raise StoreError(
@@ -272,6 +272,8 @@ class StoreWriter:
             "created_at": time.time(),
             "finished_at": None,
             "mode": new.mode,
+            "tags": new.tags,
+            "eval": new.eval,
         }
         conn.execute(_INSERT_ROLLOUT, row)
         self._batch_states[new.rollout_id] = RolloutState(schema.ROLLOUT_RUNNING, new.mode)

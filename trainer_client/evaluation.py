@@ -1,0 +1,70 @@
+"""Evaluation: mean reward and pass@k of the rollouts tagged `eval`, per policy version.
+
+An evaluation rollout belongs to the policy version its first turn was sampled with. pass@k is the unbiased
+estimator of Chen et al. (2021): for a task sampled n times with c passes, 1 - C(n - c, k) / C(n, k), averaged
+over the version's tasks that have at least k samples.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from math import comb
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from gateway.store import schema
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def evaluation_report(
+    conn: Connection, ks: tuple[int, ...] = (1,), pass_threshold: float = 1.0, *, tagged_eval: bool = True
+) -> dict[str, Any]:
+    """Per policy version: rollouts, tasks, mean reward and pass@k, oldest version first.
+
+    The rollouts tagged `eval`, or with `tagged_eval=False` the training rollouts (to follow learning).
+    """
+    r, t = schema.rollouts, schema.turns
+    rows = conn.execute(
+        select(r.c.task_id, r.c.reward, t.c.policy_version)
+        .join(t, (t.c.rollout_id == r.c.rollout_id) & (t.c.turn_index == 0))
+        .where(r.c.eval.is_(tagged_eval), r.c.status == "completed", r.c.reward.is_not(None))
+    ).all()
+    by_version: dict[str | None, dict[str | None, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for task_id, reward, version in rows:
+        by_version[version][task_id].append(reward)
+    versions = [_version_report(version, tasks, ks, pass_threshold) for version, tasks in by_version.items()]
+    versions.sort(key=lambda v: _version_order(v["policy_version"]))
+    return {"pass_threshold": pass_threshold, "k": list(ks), "policy_versions": versions}
+
+
+def _version_report(
+    version: str | None, tasks: dict[str | None, list[float]], ks: tuple[int, ...], threshold: float
+) -> dict[str, Any]:
+    rewards = [reward for samples in tasks.values() for reward in samples]
+    report: dict[str, Any] = {
+        "policy_version": version,
+        "rollouts": len(rewards),
+        "tasks": len(tasks),
+        "reward_mean": sum(rewards) / len(rewards),
+    }
+    for k in ks:
+        scores = [
+            pass_at_k(len(samples), sum(reward >= threshold for reward in samples), k)
+            for samples in tasks.values()
+            if len(samples) >= k
+        ]
+        report[f"pass@{k}"] = sum(scores) / len(scores) if scores else None
+    return report
+
+
+def _version_order(version: str | None) -> tuple[int, int | str]:
+    if version is None:
+        return (2, "")
+    return (0, int(version)) if version.lstrip("-").isdigit() else (1, version)

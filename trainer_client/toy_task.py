@@ -1,0 +1,52 @@
+"""A toy environment a tiny random model can learn on a CPU in minutes.
+
+The agent is asked to write; the reward is the share of its reply's characters that belong to a target set.
+A random model scores a little above zero with a spread inside every GRPO group, which is all the gradient
+needs; a policy that learns writes more and more of the target characters. Rewards are computed for a whole
+group at once, as a reward model or a test harness would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PROMPTS = (
+    "Write a short line.",
+    "Say something.",
+    "Describe the weather.",
+    "Name a few things.",
+    "Tell me a story.",
+    "Continue the text.",
+    "Answer in one line.",
+    "Write some code.",
+)
+
+
+@dataclass(frozen=True)
+class CharacterShareTask:
+    target: str = "e"
+    """The characters the reward counts."""
+    turns: int = 1
+    """Model calls per episode: after each reply but the last the environment asks for more."""
+    prompts: tuple[str, ...] = field(default=PROMPTS)
+    pass_threshold: float = 0.3
+    """A reply passes (for pass@k) when its reward reaches this."""
+
+    def prompt(self, index: int) -> str:
+        return self.prompts[index % len(self.prompts)]
+
+    def follow_up(self, reply: str) -> str:
+        """What the environment says after a reply that is not the last."""
+        return "More."
+
+    def score(self, episodes: list[list[str]]) -> list[float]:
+        """Rewards of a batch of episodes, each the list of the agent's replies."""
+        return [self._reward("".join(replies)) for replies in episodes]
+
+    def _reward(self, text: str) -> float:
+        if not text:
+            return 0.0
+        return round(sum(ch in self.target for ch in text) / len(text), 6)
+
+    def passed(self, reward: float) -> bool:
+        return reward >= self.pass_threshold

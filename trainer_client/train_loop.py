@@ -1,0 +1,135 @@
+"""Async GRPO end to end against a running gateway: rollout workers and the reference trainer together.
+
+Training rollouts flow without pause while the trainer claims ready groups, steps and syncs weights. After
+every `eval_every` steps (and before the first) the trainer waits while one round of evaluation rollouts,
+tagged `eval`, is played at the current version. The result is the per-step log, mean reward per policy version
+(training and evaluation rollouts) and pass@k, saved as JSON and plotted as a PNG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.store.database import make_engine
+from trainer_client.evaluation import evaluation_report
+from trainer_client.grpo_trainer import GRPOTrainer, StepReport, TrainerConfig
+from trainer_client.rollout_runner import RolloutRunner, RunnerConfig, RunnerStats
+from trainer_client.toy_task import CharacterShareTask
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    trainer: TrainerConfig
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    task: CharacterShareTask = field(default_factory=CharacterShareTask)
+    eval_every: int = 5
+    eval_groups: int = 4
+    """Evaluation groups per round; each group is one prompt sampled `runner.group_size` times (pass@k)."""
+    pass_k: tuple[int, ...] = (1, 4)
+
+
+@dataclass
+class LoopResult:
+    steps: list[StepReport]
+    training: dict[str, Any]
+    """Mean reward and pass@k of the training rollouts, per policy version."""
+    evaluation: dict[str, Any]
+    """The same for the evaluation rollouts."""
+    runner: RunnerStats
+    eval_runner: RunnerStats
+
+    def reward_by_version(self, which: str = "training") -> dict[str, float]:
+        report = self.training if which == "training" else self.evaluation
+        return {v["policy_version"]: v["reward_mean"] for v in report["policy_versions"]}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": [asdict(step) for step in self.steps],
+            "training": self.training,
+            "evaluation": self.evaluation,
+            "runner": asdict(self.runner) | {"rewards": None},
+            "eval_runner": asdict(self.eval_runner) | {"rewards": None},
+        }
+
+
+def run_loop(config: LoopConfig, on_step: Callable[[StepReport], None] | None = None) -> LoopResult:
+    return asyncio.run(_run(config, on_step))
+
+
+async def _run(config: LoopConfig, on_step: Callable[[StepReport], None] | None) -> LoopResult:
+    loop = asyncio.get_running_loop()
+    gateway_url = config.trainer.gateway_url
+    runner = RolloutRunner(gateway_url, config.task, config.runner, name="train")
+    evaluator = RolloutRunner(gateway_url, config.task, config.runner, name="eval")
+    trainer = await asyncio.to_thread(GRPOTrainer, config.trainer)
+    finished = False
+
+    def evaluate() -> None:
+        rounds = asyncio.run_coroutine_threadsafe(evaluator.run(groups=config.eval_groups, tags=["eval"]), loop)
+        rounds.result()
+
+    def after_step(report: StepReport) -> None:
+        if on_step is not None:
+            on_step(report)
+        if (report.step + 1) % config.eval_every == 0 or report.step + 1 == config.trainer.steps:
+            evaluate()
+
+    def train() -> list[StepReport]:
+        evaluate()
+        return trainer.run(after_step)
+
+    rollouts = asyncio.create_task(runner.run(stop=lambda: finished))
+    try:
+        steps = await asyncio.to_thread(train)
+    finally:
+        finished = True
+        await rollouts
+        trainer.close()
+        await runner.close()
+        await evaluator.close()
+    engine = make_engine(config.trainer.db)
+    with engine.connect() as conn:
+        threshold = config.task.pass_threshold
+        training = evaluation_report(conn, config.pass_k, threshold, tagged_eval=False)
+        evaluation = evaluation_report(conn, config.pass_k, threshold, tagged_eval=True)
+    engine.dispose()
+    return LoopResult(steps, training, evaluation, runner.stats, evaluator.stats)
+
+
+def save_report(result: LoopResult, directory: Path) -> tuple[Path, Path]:
+    """`training.json` and `reward.png` (mean reward per policy version) in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    report = directory / "training.json"
+    report.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    plot = directory / "reward.png"
+    plot_rewards(result, plot)
+    return report, plot
+
+
+def plot_rewards(result: LoopResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
+    for which, style in (("training", "o-"), ("evaluation", "s--")):
+        rewards = result.reward_by_version(which)
+        versions = [v for v in rewards if v is not None and v.isdigit()]
+        axes.plot([int(v) for v in versions], [rewards[v] for v in versions], style, label=f"{which} rollouts")
+    axes.set_xlabel("policy version")
+    axes.set_ylabel("mean reward")
+    axes.set_title("Async GRPO through the gateway: mean reward per policy version")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
