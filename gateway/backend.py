@@ -10,6 +10,7 @@ import asyncio
 import logging
 import zlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 
@@ -55,7 +56,8 @@ class BackendPool:
         self.scale_out: dict[str, bool] = {}
         """Whether each backend serves vLLM's token-in/token-out endpoints (once known)."""
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=max_connections),
+            # Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are reused.
+            connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=4.0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout),
         )
 
@@ -72,9 +74,7 @@ class BackendPool:
         last_error: Exception | None = None
         for url in self.order(rollout_id):
             try:
-                response = await self._session.post(
-                    url + path, data=body, headers={"content-type": "application/json"}
-                )
+                response = await self._post(url + path, data=body, headers={"content-type": "application/json"})
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 last_error = exc
                 continue
@@ -86,6 +86,15 @@ class BackendPool:
         raise ApiError(
             503, f"no backend reachable ({', '.join(self.urls)}): {last_error!r}", "backend_unavailable"
         ) from last_error
+
+    async def _post(self, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """POST, once more if the server closed the connection before answering. The usual cause is a pooled idle
+        connection the server closed just as it was reused (the request never got through); a server that really
+        went away fails the second attempt too."""
+        try:
+            return await self._session.post(url, **kwargs)
+        except aiohttp.ServerDisconnectedError:
+            return await self._session.post(url, **kwargs)
 
     async def probe_scale_out(self, url: str) -> bool | None:
         """Ask a backend for a render: 200 means exact mode works there; None if it cannot be reached."""
@@ -111,7 +120,8 @@ class BackendPool:
         failures = []
         for url in self.urls:
             try:
-                async with self._session.post(url + path, params=params, json=json) as response:
+                response = await self._post(url + path, params=params, json=json)
+                async with response:
                     if response.status != 200:
                         failures.append(f"{url}: HTTP {response.status} {(await response.text())[:200]}")
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:

@@ -61,9 +61,12 @@ def run_rollout(
     status: str = "completed",
     finish: bool = True,
     failing_turn: bool = False,
+    tags: list[str] | None = None,
+    task_id: str | None = None,
 ) -> str:
     """A rollout through the real gateway: `turns` chat calls of a growing conversation, then finish."""
-    created = httpx.post(gateway.url + "/rollouts", json={"group_id": group_id}, timeout=30).json()
+    body = {"group_id": group_id, "tags": tags, "task_id": task_id}
+    created = httpx.post(gateway.url + "/rollouts", json=body, timeout=30).json()
     rollout_id = created["rollout_id"]
     messages = [{"role": "user", "content": f"Start {group_id}."}]
     for turn in range(turns):

@@ -122,7 +122,9 @@ def test_admin_api_requires_the_token_when_one_is_set(fresh):
 
     assert (refused.status_code, wrong.status_code, allowed.status_code) == (401, 401, 200)
     assert refused.json()["error"]["code"] == "unauthorized"
-    assert allowed.json() == {"paused": False, "in_flight": 0, "policy_version": "0", "backends": allowed.json()["backends"]}
+    assert allowed.json() == {
+        "paused": False, "in_flight": 0, "waiting": 0, "policy_version": "0", "backends": allowed.json()["backends"]
+    }
 
 
 def test_trainer_weight_sync_pauses_sets_the_version_and_resumes(fresh, rollout_id):

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import httpx
 import numpy as np
@@ -334,3 +335,78 @@ def test_export_merged_writes_one_line_per_chain(store, vllm, tmp_path):
     assert line["turn_indices"] == [0, 1]
     assert sum(line["loss_mask"]) == 6
     assert len(line["logprobs"]) == len(line["input_ids"]) == len(line["loss_mask"])
+
+
+KILLED_TRAINER = """
+import sys
+import time
+from trainer_client import TrainerClient
+
+client = TrainerClient(sys.argv[1])
+batch = client.claim("doomed", 0, lease=float(sys.argv[2]))
+print(len(batch.rollout_ids), flush=True)
+sys.stdin.read()  # in the middle of its step until it is killed
+"""
+
+
+def test_a_killed_trainers_claims_return_after_its_lease(store):
+    gateway, client, db_url = store
+    rollouts = [run_rollout(gateway, "g", reward=r, turns=1) for r in (1.0, 0.0)]
+    doomed = subprocess.Popen(
+        [sys.executable, "-c", KILLED_TRAINER, db_url, "2.0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert doomed.stdout.readline() == "2\n"
+    doomed.kill()
+    doomed.wait(timeout=30)
+    lease_until = stored_rollout(db_url, rollouts[0])["lease_until"]
+
+    assert len(client.claim("survivor", 0)) == 0  # the lease still holds
+    time.sleep(max(lease_until - time.time(), 0) + 0.1)
+    batch = client.claim("survivor", 0)
+
+    assert sorted(batch.rollout_ids) == sorted(rollouts)
+    assert [stored_rollout(db_url, r)["claimed_by"] for r in rollouts] == ["survivor", "survivor"]
+
+
+def test_a_committed_claim_is_kept_after_its_lease(store):
+    gateway, client, db_url = store
+    rollouts = [run_rollout(gateway, "g", reward=r, turns=1) for r in (1.0, 0.0)]
+
+    assert len(client.claim("t1", 0, lease=0.5)) == 2
+    assert client.commit("t1", 0) == 2
+    time.sleep(0.6)
+
+    assert len(client.claim("t2", 0)) == 0
+    assert [stored_rollout(db_url, r)["lease_until"] for r in rollouts] == [None, None]
+
+
+def test_eval_rollouts_are_never_served_for_training_and_are_reported_per_version(store, tmp_path):
+    gateway, client, db_url = store
+    run_rollout(gateway, "train", reward=0.5, turns=1)
+    for task, rewards in (("a", (1.0, 0.0, 0.0)), ("b", (1.0, 1.0, 0.5))):
+        for reward in rewards:
+            run_rollout(gateway, f"eval-{task}", reward=reward, turns=1, tags=["eval"], task_id=task)
+    output = tmp_path / "eval.json"
+
+    trained = client.claim("t", 0)
+    subprocess.run(
+        [sys.executable, "-m", "trainer_client.cli", "eval", "--db", db_url, "-k", "1", "-k", "2",
+         "-o", str(output)],
+        check=True, capture_output=True,
+    )
+
+    assert {s.group_id for s in trained.samples} == {"train"}
+    assert json.loads(output.read_text()) == {
+        "pass_threshold": 1.0,
+        "k": [1, 2],
+        "policy_versions": [
+            {
+                "policy_version": "0",
+                "rollouts": 6,
+                "tasks": 2,
+                "reward_mean": pytest.approx(3.5 / 6),
+                "pass@1": pytest.approx((1 / 3 + 2 / 3) / 2),
+                "pass@2": pytest.approx((2 / 3 + 1.0) / 2),
+            }
+        ],
+    }

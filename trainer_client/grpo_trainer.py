@@ -40,7 +40,7 @@ class TrainerConfig:
     trainer_id: str = "trainer-0"
     steps: int = 20
     groups_per_step: int = 4
-    learning_rate: float = 2e-3
+    learning_rate: float = 1e-6
     clip: float = 0.2
     max_grad_norm: float = 1.0
     max_staleness: int = 1
@@ -53,6 +53,8 @@ class TrainerConfig:
     include_errors: bool = True
     """Keep rollouts with error turns (masked) so that their groups' statistics stay whole."""
     seed: int = 0
+    torch_threads: int | None = None
+    """Threads for the trainer's torch (default: torch's choice); 1 leaves a small machine to vLLM."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ class GRPOTrainer:
     def __init__(self, config: TrainerConfig) -> None:
         self.config = config
         torch.manual_seed(config.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(config.model_dir, torch_dtype=torch.float32)
+        if config.torch_threads is not None:
+            torch.set_num_threads(config.torch_threads)
+        self.model = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.float32)
         self.model.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate)
         self.client = TrainerClient(config.db)

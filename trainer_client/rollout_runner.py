@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,9 @@ class RunnerConfig:
     model: str = "tiny"
     retry_for: float = 300.0
     """Seconds an agent keeps retrying a failed model call before its rollout is finished as failed."""
+    seed: int | None = 0
+    """Base of the per-call sampling seeds (derived from the runner's name, group, member and turn) that make
+    a run repeatable; None samples unseeded."""
 
 
 @dataclass
@@ -101,7 +105,9 @@ class RolloutRunner:
         created = await asyncio.gather(
             *(self._create(group_id, f"{group_id}-{m}", index, tags) for m in range(self.config.group_size))
         )
-        episodes = await asyncio.gather(*(self._play(rollout, prompt) for rollout in created))
+        episodes = await asyncio.gather(
+            *(self._play(rollout, prompt, self._seed(index, member)) for member, rollout in enumerate(created))
+        )
         played = [(rollout, replies) for rollout, replies in zip(created, episodes) if replies is not None]
         rewards = self.task.score([replies for _, replies in played])
         await asyncio.gather(*(self._finish(rollout["rollout_id"], r) for (rollout, _), r in zip(played, rewards)))
@@ -118,14 +124,20 @@ class RolloutRunner:
         response.raise_for_status()
         return response.json()
 
-    async def _play(self, rollout: dict[str, Any], prompt: str) -> list[str] | None:
+    def _seed(self, index: int, member: int) -> int | None:
+        if self.config.seed is None:
+            return None
+        key = f"{self.config.seed}/{self.name}/{index}/{member}".encode()
+        return zlib.crc32(key) * 64  # room for the turn number below it
+
+    async def _play(self, rollout: dict[str, Any], prompt: str, seed: int | None) -> list[str] | None:
         """The agent's replies, or None when a call kept failing (the rollout is then finished as failed)."""
         agent = openai.AsyncOpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=120.0)
         messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
         replies: list[str] = []
         try:
             for turn in range(self.task.turns):
-                reply = await self._call(agent, messages)
+                reply = await self._call(agent, messages, None if seed is None else seed + turn)
                 if reply is None:
                     await self._finish(rollout["rollout_id"], None)
                     return None
@@ -137,7 +149,7 @@ class RolloutRunner:
             await agent.close()
         return replies
 
-    async def _call(self, agent: openai.AsyncOpenAI, messages: list[dict[str, Any]]) -> str | None:
+    async def _call(self, agent: openai.AsyncOpenAI, messages: list[dict[str, Any]], seed: int | None) -> str | None:
         deadline = time.monotonic() + self.config.retry_for
         delay = 0.5
         while True:
@@ -147,6 +159,7 @@ class RolloutRunner:
                     messages=messages,  # type: ignore[arg-type]
                     max_tokens=self.config.max_tokens,
                     temperature=self.config.temperature,
+                    seed=seed,
                 )
                 self.stats.calls += 1
                 return completion.choices[0].message.content or ""

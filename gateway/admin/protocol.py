@@ -12,9 +12,10 @@ class PauseRequest(BaseModel):
 
     mode: Literal["wait", "abort", "keep"] = "wait"
     """wait: let calls in flight finish; abort: have vLLM abort them (they are recorded, finish_reason abort);
-    keep: freeze them inside vLLM until resume (they then span the weight update)."""
+    keep: freeze them inside vLLM until resume (they then span the weight update). With abort and keep, calls
+    that reach vLLM after it paused are queued there and run after resume."""
     timeout: Annotated[float, Field(gt=0)] = 600.0
-    """Seconds to wait for calls in flight to finish (wait, abort)."""
+    """Seconds to wait for calls in flight to finish (wait)."""
 
 
 class PolicyVersionRequest(BaseModel):
@@ -26,5 +27,7 @@ class PolicyVersionRequest(BaseModel):
 class AdminState(BaseModel):
     paused: bool
     in_flight: int
+    waiting: int
+    """Agent calls held by the pause."""
     policy_version: str
     backends: list[str]

@@ -11,6 +11,8 @@ class Traffic:
     def __init__(self, pause_timeout: float) -> None:
         self.pause_timeout = pause_timeout
         self.in_flight = 0
+        self.waiting = 0
+        """Calls held at the door by a pause."""
         self._open = asyncio.Event()
         self._open.set()
         self._idle = asyncio.Event()
@@ -23,12 +25,15 @@ class Traffic:
     async def enter(self) -> None:
         """Admit a call, waiting (up to the pause timeout) while a weight sync is in progress."""
         if not self._open.is_set():
+            self.waiting += 1
             try:
                 await asyncio.wait_for(self._open.wait(), self.pause_timeout)
             except asyncio.TimeoutError:
                 raise ApiError(
                     503, f"the gateway is paused for a weight update (waited {self.pause_timeout:.0f} s)", "paused"
                 ) from None
+            finally:
+                self.waiting -= 1
         self.in_flight += 1
         self._idle.clear()
 

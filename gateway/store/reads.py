@@ -69,6 +69,7 @@ def get_rollout(
         "claimed_by": row["claimed_by"],
         "claim_step": row["claim_step"],
         "skip_reason": row["skip_reason"],
+        "lease_until": row["lease_until"],
         "mode": row["mode"],
         "tags": row["tags"],
         "turns": turns,
