@@ -14,7 +14,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -48,7 +48,6 @@ class RunnerStats:
     """Model calls answered."""
     retried_calls: int = 0
     """Model calls that failed and were made again."""
-    rewards: list[float] = field(default_factory=list)
 
 
 class RolloutRunner:
@@ -69,34 +68,20 @@ class RolloutRunner:
         self._next_group = 0
 
     async def run(
-        self,
-        *,
-        groups: int | None = None,
-        stop: Callable[[], bool] = lambda: False,
-        tags: list[str] | None = None,
-        on_group: Callable[[list[float]], None] | None = None,
+        self, *, groups: int | None = None, stop: Callable[[], bool] = lambda: False, tags: list[str] | None = None
     ) -> RunnerStats:
-        """Play `groups` groups (or until `stop()`), at most `groups_in_flight` at a time."""
-        started = 0
-
-        def more() -> bool:
-            return not stop() and (groups is None or started < groups)
+        """Play `groups` groups (or until `stop()`), at most `groups_in_flight` at a time: each worker starts its
+        next group when its last one has ended."""
+        last = None if groups is None else self._next_group + groups
 
         async def worker() -> None:
-            nonlocal started
-            while more():
-                started += 1
-                rewards = await self.play_group(self._take_index(), tags)
-                if on_group is not None:
-                    on_group(rewards)
+            while not stop() and (last is None or self._next_group < last):
+                index = self._next_group
+                self._next_group += 1
+                await self.play_group(index, tags)
 
         await asyncio.gather(*(worker() for _ in range(self.config.groups_in_flight)))
         return self.stats
-
-    def _take_index(self) -> int:
-        index = self._next_group
-        self._next_group += 1
-        return index
 
     async def play_group(self, index: int, tags: list[str] | None = None) -> list[float]:
         """One GRPO group: `group_size` agents on the same prompt, rewarded together."""
@@ -113,7 +98,6 @@ class RolloutRunner:
         await asyncio.gather(*(self._finish(rollout["rollout_id"], r) for (rollout, _), r in zip(played, rewards)))
         self.stats.groups += 1
         self.stats.rollouts += len(created)
-        self.stats.rewards.extend(rewards)
         return rewards
 
     async def _create(self, group_id: str, rollout_id: str, index: int, tags: list[str] | None) -> dict[str, Any]:

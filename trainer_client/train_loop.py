@@ -55,8 +55,8 @@ class LoopResult:
             "steps": [asdict(step) for step in self.steps],
             "training": self.training,
             "evaluation": self.evaluation,
-            "runner": asdict(self.runner) | {"rewards": None},
-            "eval_runner": asdict(self.eval_runner) | {"rewards": None},
+            "runner": asdict(self.runner),
+            "eval_runner": asdict(self.eval_runner),
         }
 
 
