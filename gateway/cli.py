@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--group-size", type=int, default=None, help="rollouts per group (default: 4, 8 with --train)")
     demo.add_argument("--turns", type=int, default=3, help="model calls per rollout (without --train)")
     demo.add_argument("--train", action="store_true", help="run rollout workers and the reference GRPO trainer")
-    demo.add_argument("--steps", type=int, default=30, help="training steps (with --train; default: %(default)s)")
+    demo.add_argument("--steps", type=int, default=20, help="training steps (with --train; default: %(default)s)")
     demo.add_argument(
         "--groups-per-step", type=int, default=4, help="GRPO groups per training step (with --train; default: %(default)s)"
     )

@@ -62,7 +62,9 @@ def run_train_demo(*, workdir: str, steps: int, groups_per_step: int, group_size
 def demo_config(
     policy: Path, db_url: str, gateway_url: str, steps: int, groups_per_step: int, group_size: int
 ) -> LoopConfig:
-    """The demo's settings, measured on 2 cores: mean reward climbs from about 0.09 to 0.3 in 20 steps."""
+    """The demo's settings. Measured on 2 cores: mean reward climbs from about 0.09 at version 0 to 0.5 by
+    version 5, where the policy has learnt to repeat a token half made of `e` and every group's rewards are
+    equal (no advantage left); a step takes about 2 s, mostly waiting for the next groups."""
     trainer = TrainerConfig(
         model_dir=policy,
         db=db_url,

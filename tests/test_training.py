@@ -64,8 +64,8 @@ def test_async_grpo_through_the_gateway_raises_mean_reward(policy_vllm, start_ga
     report, plot = save_report(result, work_dir / "training-report")
 
     rewards = result.reward_by_version("training")
-    # Measured with these seeds: about 0.09 at version 0 and 0.2 or more by version 10 (3e-2 per step).
-    assert rewards[str(STEPS)] > rewards["0"] + 0.06
+    # Measured: about 0.09 at version 0; 0.24 to 0.5 at version 10 (which rollouts land in which step varies).
+    assert rewards[str(STEPS)] > rewards["0"] + 0.1
     assert [step.version for step in result.steps] == list(range(1, STEPS + 1))
     # No turn lost across the weight updates: every answered model call is a committed turn.
     turns = query(db_url, "SELECT status, COUNT(*) FROM turns GROUP BY status")
