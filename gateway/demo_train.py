@@ -18,7 +18,10 @@ from gateway.engine.vllm_server import VLLMServer
 from gateway.launcher import GatewayProcess
 from trainer_client.grpo_trainer import TrainerConfig
 from trainer_client.rollout_runner import RunnerConfig
+from trainer_client.toy_task import CharacterShareTask
 from trainer_client.train_loop import LoopConfig, LoopResult, run_loop, save_report
+
+DEMO_TASK = CharacterShareTask()
 
 
 def fresh_policy(base: Path, policy: Path) -> Path:
@@ -55,7 +58,9 @@ def run_train_demo(*, workdir: str, steps: int, groups_per_step: int, group_size
     say("Stopped the gateway and vLLM.")
     print_result(result)
     report, plot = save_report(result, root)
-    say(f"\nReport: {report}\nPlot:   {plot}\nDatabase: {db_path}  (try: trainer-client eval --db {db_url} -k 1 -k 4)")
+    threshold = DEMO_TASK.pass_threshold
+    say(f"\nReport: {report}\nPlot:   {plot}\nDatabase: {db_path}")
+    say(f"  try: trainer-client eval --db {db_url} -k 1 -k 4 --pass-threshold {threshold}")
     return 0
 
 
@@ -74,7 +79,7 @@ def demo_config(
         learning_rate=1e-2,  # a tiny random model: measured to learn steadily; 3e-2 collapses in 3 steps
         torch_threads=1,  # vLLM's engine needs the other core of a small machine
     )
-    return LoopConfig(trainer=trainer, runner=RunnerConfig(group_size=group_size))
+    return LoopConfig(trainer=trainer, runner=RunnerConfig(group_size=group_size), task=DEMO_TASK)
 
 
 def print_result(result: LoopResult) -> None:
@@ -85,12 +90,12 @@ def print_result(result: LoopResult) -> None:
     say(f"  {'version':>7} {'rollouts':>9} {'train reward':>13} | {'eval reward':>11}{header}")
     for row in result.training["policy_versions"]:
         version = row["policy_version"]
-        line = f"  {version:>7} {row['rollouts']:>9} {row['reward_mean']:>13.4f} |"
+        line = f"  {version:>7} {row['rollouts']:>9} {_number(row['reward_mean']):>13} |"
         if version in evaluation:
             scores = "".join(f"{_number(evaluation[version][f'pass@{k}']):>9}" for k in ks)
-            line += f" {evaluation[version]['reward_mean']:>11.4f}{scores}"
+            line += f" {_number(evaluation[version]['reward_mean']):>11}{scores}"
         say(line)
 
 
 def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+    return "-" if value is None else f"{value:.4f}"

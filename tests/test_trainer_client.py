@@ -383,9 +383,10 @@ def test_a_committed_claim_is_kept_after_its_lease(store):
 def test_eval_rollouts_are_never_served_for_training_and_are_reported_per_version(store, tmp_path):
     gateway, client, db_url = store
     run_rollout(gateway, "train", reward=0.5, turns=1)
-    for task, rewards in (("a", (1.0, 0.0, 0.0)), ("b", (1.0, 1.0, 0.5))):
+    for task, rewards in (("a", (1.0, 0.0, 0.0, None)), ("b", (1.0, 1.0, 0.5))):
         for reward in rewards:
-            run_rollout(gateway, f"eval-{task}", reward=reward, turns=1, tags=["eval"], task_id=task)
+            status = "completed" if reward is not None else "failed"
+            run_rollout(gateway, f"eval-{task}", reward=reward, status=status, turns=1, tags=["eval"], task_id=task)
     output = tmp_path / "eval.json"
 
     trained = client.claim("t", 0)
@@ -402,11 +403,12 @@ def test_eval_rollouts_are_never_served_for_training_and_are_reported_per_versio
         "policy_versions": [
             {
                 "policy_version": "0",
-                "rollouts": 6,
+                "rollouts": 7,
+                "failed": 1,
                 "tasks": 2,
                 "reward_mean": pytest.approx(3.5 / 6),
-                "pass@1": pytest.approx((1 / 3 + 2 / 3) / 2),
-                "pass@2": pytest.approx((2 / 3 + 1.0) / 2),
+                "pass@1": pytest.approx((1 / 4 + 2 / 3) / 2),
+                "pass@2": pytest.approx((1 - 3 / 6 + 1.0) / 2),
             }
         ],
     }

@@ -65,8 +65,20 @@ def claim_groups(
     return selection
 
 
+def renew_claims(conn: Connection, trainer_id: str, step: int, lease: float) -> int:
+    """Extend the leases `trainer_id` holds for `step` to `lease` seconds from now; returns the count."""
+    r = schema.rollouts
+    result = conn.execute(
+        update(r)
+        .where(r.c.claimed_by == trainer_id, r.c.claim_step == step, r.c.lease_until.is_not(None))
+        .values(lease_until=time.time() + lease)
+    )
+    return int(result.rowcount)
+
+
 def commit_claims(conn: Connection, trainer_id: str, step: int) -> int:
-    """Keep for good what `trainer_id` claimed at `step` under a lease it still holds; returns the count."""
+    """Keep for good what `trainer_id` claimed at `step` under a lease (unless another trainer took it after
+    the lease ran out); returns the count."""
     r = schema.rollouts
     result = conn.execute(
         update(r)

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from gateway.store.database import make_engine, require_current_schema
 from trainer_client.batch import Batch
-from trainer_client.claims import claim_groups, commit_claims, read_groups, release_claims
+from trainer_client.claims import claim_groups, commit_claims, read_groups, release_claims, renew_claims
 from trainer_client.groups import SampleOptions, Selection, ready_groups
 from trainer_client.reader import load_samples
 
@@ -24,15 +24,20 @@ class TrainerClient:
     ) -> Batch:
         """Atomically take ready groups for `trainer_id` at training `step`, as one batch.
 
-        No two trainers ever get the same rollout. Stale, failed and unrewarded rollouts met on the way are
+        No two trainers get the same rollout. Stale, failed and unrewarded rollouts met on the way are
         marked with their reason (counted in `Batch.counts`) so nobody takes them again. With `lease`
-        (seconds), the claim lapses unless `commit(trainer_id, step)` comes first: if this trainer dies
-        mid-step, another one takes the rollouts after the lease.
+        (seconds), the claim lapses unless `commit(trainer_id, step)` (or `renew`) comes first: if this
+        trainer dies mid-step, another one takes the rollouts after the lease. A lease must outlast the step.
         """
         options = options or SampleOptions()
         with self._write_engine.begin() as conn:
             selection = claim_groups(conn, trainer_id, step, options, lease)
         return self._load(selection, options)
+
+    def renew(self, trainer_id: str, step: int, lease: float) -> int:
+        """Extend the leases of the step's claims to `lease` seconds from now; returns how many are held."""
+        with self._write_engine.begin() as conn:
+            return renew_claims(conn, trainer_id, step, lease)
 
     def commit(self, trainer_id: str, step: int) -> int:
         """The step is trained: keep its leased claims for good; returns how many were still held."""

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
+from trainer_client.groups import TRAINABLE_STATUSES
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -28,37 +29,43 @@ def evaluation_report(
 ) -> dict[str, Any]:
     """Per policy version: rollouts, tasks, mean reward and pass@k, oldest version first.
 
-    The rollouts tagged `eval`, or with `tagged_eval=False` the training rollouts (to follow learning).
+    The rollouts tagged `eval`, or with `tagged_eval=False` the training rollouts (to follow learning). Those
+    that finished `completed` or `truncated` with a reward make the mean; those that finished otherwise
+    (`failed`, `aborted`, or without a reward) are counted as `failed` and as samples that did not pass.
     """
     r, t = schema.rollouts, schema.turns
     rows = conn.execute(
-        select(r.c.task_id, r.c.reward, t.c.policy_version)
-        .join(t, (t.c.rollout_id == r.c.rollout_id) & (t.c.turn_index == 0))
-        .where(r.c.eval.is_(tagged_eval), r.c.status == "completed", r.c.reward.is_not(None))
+        select(r.c.task_id, r.c.status, r.c.reward, t.c.policy_version)
+        .join(t, (t.c.rollout_id == r.c.rollout_id) & (t.c.turn_index == 0), isouter=True)
+        .where(r.c.eval.is_(tagged_eval), r.c.status != schema.ROLLOUT_RUNNING)
     ).all()
-    by_version: dict[str | None, dict[str | None, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for task_id, reward, version in rows:
-        by_version[version][task_id].append(reward)
+    by_version: dict[str | None, dict[str | None, list[float | None]]] = defaultdict(lambda: defaultdict(list))
+    for task_id, status, reward, version in rows:
+        scored = status in TRAINABLE_STATUSES and reward is not None
+        by_version[version][task_id].append(reward if scored else None)
     versions = [_version_report(version, tasks, ks, pass_threshold) for version, tasks in by_version.items()]
     versions.sort(key=lambda v: _version_order(v["policy_version"]))
     return {"pass_threshold": pass_threshold, "k": list(ks), "policy_versions": versions}
 
 
 def _version_report(
-    version: str | None, tasks: dict[str | None, list[float]], ks: tuple[int, ...], threshold: float
+    version: str | None, tasks: dict[str | None, list[float | None]], ks: tuple[int, ...], threshold: float
 ) -> dict[str, Any]:
-    rewards = [reward for samples in tasks.values() for reward in samples]
+    """`None` in `tasks` stands for a rollout that failed."""
+    samples = [reward for rewards in tasks.values() for reward in rewards]
+    rewards = [reward for reward in samples if reward is not None]
     report: dict[str, Any] = {
         "policy_version": version,
-        "rollouts": len(rewards),
+        "rollouts": len(samples),
+        "failed": len(samples) - len(rewards),
         "tasks": len(tasks),
-        "reward_mean": sum(rewards) / len(rewards),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
     }
     for k in ks:
         scores = [
-            pass_at_k(len(samples), sum(reward >= threshold for reward in samples), k)
-            for samples in tasks.values()
-            if len(samples) >= k
+            pass_at_k(len(runs), sum(reward is not None and reward >= threshold for reward in runs), k)
+            for runs in tasks.values()
+            if len(runs) >= k
         ]
         report[f"pass@{k}"] = sum(scores) / len(scores) if scores else None
     return report

@@ -97,24 +97,34 @@ class GRPOTrainer:
         self.admin = GatewayAdmin(config.gateway_url, config.admin_token)
         self.version = int(self.admin.state()["policy_version"])
 
-    def run(self, on_step: Callable[[StepReport], None] | None = None) -> list[StepReport]:
+    def run(
+        self, on_step: Callable[[StepReport], None] | None = None, alive: Callable[[], bool] = lambda: True
+    ) -> list[StepReport]:
+        """Train `steps` steps; `alive()` turning false (the rollout workers died) ends the wait for groups."""
         reports = []
         for step in range(self.config.steps):
-            report = self.step(step)
+            report = self.step(step, alive)
             log.info(report.line())
             reports.append(report)
             if on_step is not None:
                 on_step(report)
         return reports
 
-    def step(self, step: int) -> StepReport:
+    def step(self, step: int, alive: Callable[[], bool] = lambda: True) -> StepReport:
+        config = self.config
         started = time.monotonic()
-        batch = self.claim(step)
+        batch = self.claim(step, alive)
         waited = time.monotonic() - started
         metrics = self.train_on(batch)
         trained = time.monotonic()
+        self.client.renew(config.trainer_id, step, config.lease)
         self.sync(self.version + 1)
-        self.client.commit(self.config.trainer_id, step)
+        kept = self.client.commit(config.trainer_id, step)
+        if kept < len(batch.rollout_ids):
+            log.warning(
+                "step %d: %d of %d rollouts were taken by another trainer after their lease ran out "
+                "(raise the lease above a step's time)", step, len(batch.rollout_ids) - kept, len(batch.rollout_ids)
+            )
         synced = time.monotonic()
         train_s = trained - started - waited
         tokens = int(metrics.pop("loss_tokens"))
@@ -135,8 +145,9 @@ class GRPOTrainer:
             sync_s=synced - trained,
         )
 
-    def claim(self, step: int) -> Batch:
-        """Ready groups up to `groups_per_step`, waiting for more while fewer are ready."""
+    def claim(self, step: int, alive: Callable[[], bool] = lambda: True) -> Batch:
+        """Ready groups up to `groups_per_step`, waiting for more while fewer are ready (the leases of those
+        already taken are renewed meanwhile)."""
         config = self.config
         deadline = time.monotonic() + config.batch_timeout
         batches: list[Batch] = []
@@ -146,6 +157,10 @@ class GRPOTrainer:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {have} of {config.groups_per_step} groups ready after {config.batch_timeout:.0f} s")
+            if not alive():
+                raise RuntimeError("stopped waiting for groups: the rollout workers are gone")
+            if batches:
+                self.client.renew(config.trainer_id, step, config.lease)
             options = SampleOptions(
                 current_version=self.version,
                 max_staleness=config.max_staleness,

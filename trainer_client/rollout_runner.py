@@ -35,8 +35,8 @@ class RunnerConfig:
     retry_for: float = 300.0
     """Seconds an agent keeps retrying a failed model call before its rollout is finished as failed."""
     seed: int | None = 0
-    """Base of the per-call sampling seeds (derived from the runner's name, group, member and turn) that make
-    a run repeatable; None samples unseeded."""
+    """Base of the per-call sampling seeds (derived from the tags, group number, member and turn) that make a
+    run repeatable; None samples unseeded."""
 
 
 @dataclass
@@ -91,7 +91,7 @@ class RolloutRunner:
             *(self._create(group_id, f"{group_id}-{m}", index, tags) for m in range(self.config.group_size))
         )
         episodes = await asyncio.gather(
-            *(self._play(rollout, prompt, self._seed(index, member)) for member, rollout in enumerate(created))
+            *(self._play(rollout, prompt, self._seed(index, member, tags)) for member, rollout in enumerate(created))
         )
         played = [(rollout, replies) for rollout, replies in zip(created, episodes) if replies is not None]
         rewards = self.task.score([replies for _, replies in played])
@@ -108,10 +108,10 @@ class RolloutRunner:
         response.raise_for_status()
         return response.json()
 
-    def _seed(self, index: int, member: int) -> int | None:
+    def _seed(self, index: int, member: int, tags: list[str] | None) -> int | None:
         if self.config.seed is None:
             return None
-        key = f"{self.config.seed}/{self.name}/{index}/{member}".encode()
+        key = f"{self.config.seed}/{','.join(tags or ())}/{index}/{member}".encode()
         return zlib.crc32(key) * 64  # room for the turn number below it
 
     async def _play(self, rollout: dict[str, Any], prompt: str, seed: int | None) -> list[str] | None:

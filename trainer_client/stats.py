@@ -32,9 +32,11 @@ QUERIES = {
         FROM rollouts WHERE status <> 'running'
     """,
     "claims": """
-        SELECT CASE WHEN claimed_by IS NULL THEN 'unclaimed'
-                    WHEN skip_reason IS NULL THEN 'trained'
-                    ELSE 'skipped: ' || skip_reason END AS state,
+        SELECT CASE WHEN eval THEN 'evaluation'
+                    WHEN claimed_by IS NULL THEN 'unclaimed'
+                    WHEN skip_reason IS NOT NULL THEN 'skipped: ' || skip_reason
+                    WHEN lease_until IS NOT NULL THEN 'leased'
+                    ELSE 'trained' END AS state,
                COUNT(*) AS rollouts
         FROM rollouts WHERE status <> 'running' OR claimed_by IS NOT NULL
         GROUP BY 1 ORDER BY 1

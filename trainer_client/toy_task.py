@@ -30,7 +30,7 @@ class CharacterShareTask:
     """Model calls per episode: after each reply but the last the environment asks for more."""
     prompts: tuple[str, ...] = field(default=PROMPTS)
     pass_threshold: float = 0.3
-    """A reply passes (for pass@k) when its reward reaches this."""
+    """An episode passes (for pass@k) when its reward reaches this."""
 
     def prompt(self, index: int) -> str:
         return self.prompts[index % len(self.prompts)]
@@ -47,6 +47,3 @@ class CharacterShareTask:
         if not text:
             return 0.0
         return round(sum(ch in self.target for ch in text) / len(text), 6)
-
-    def passed(self, reward: float) -> bool:
-        return reward >= self.pass_threshold

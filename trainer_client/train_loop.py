@@ -1,7 +1,7 @@
 """Async GRPO end to end against a running gateway: rollout workers and the reference trainer together.
 
 Training rollouts flow without pause while the trainer claims ready groups, steps and syncs weights. After
-every `eval_every` steps (and before the first) the trainer waits while one round of evaluation rollouts,
+every `eval_every` steps (and before the first and after the last) the trainer waits while one round of evaluation rollouts,
 tagged `eval`, is played at the current version. The result is the per-step log, mean reward per policy version
 (training and evaluation rollouts) and pass@k, saved as JSON and plotted as a PNG.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,8 +21,6 @@ from trainer_client.evaluation import evaluation_report
 from trainer_client.grpo_trainer import GRPOTrainer, StepReport, TrainerConfig
 from trainer_client.rollout_runner import RolloutRunner, RunnerConfig, RunnerStats
 from trainer_client.toy_task import CharacterShareTask
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,9 +44,11 @@ class LoopResult:
     runner: RunnerStats
     eval_runner: RunnerStats
 
-    def reward_by_version(self, which: str = "training") -> dict[str, float]:
+    def reward_by_version(self, which: str = "training") -> dict[str | None, float]:
         report = self.training if which == "training" else self.evaluation
-        return {v["policy_version"]: v["reward_mean"] for v in report["policy_versions"]}
+        return {
+            v["policy_version"]: v["reward_mean"] for v in report["policy_versions"] if v["reward_mean"] is not None
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,8 +67,9 @@ def run_loop(config: LoopConfig, on_step: Callable[[StepReport], None] | None = 
 async def _run(config: LoopConfig, on_step: Callable[[StepReport], None] | None) -> LoopResult:
     loop = asyncio.get_running_loop()
     gateway_url = config.trainer.gateway_url
-    runner = RolloutRunner(gateway_url, config.task, config.runner, name="train")
-    evaluator = RolloutRunner(gateway_url, config.task, config.runner, name="eval")
+    run = uuid.uuid4().hex[:8]  # rollout ids of their own, even on a database an earlier run used
+    runner = RolloutRunner(gateway_url, config.task, config.runner, name=f"train-{run}")
+    evaluator = RolloutRunner(gateway_url, config.task, config.runner, name=f"eval-{run}")
     trainer = await asyncio.to_thread(GRPOTrainer, config.trainer)
     finished = False
 
@@ -82,11 +83,12 @@ async def _run(config: LoopConfig, on_step: Callable[[StepReport], None] | None)
         if (report.step + 1) % config.eval_every == 0 or report.step + 1 == config.trainer.steps:
             evaluate()
 
+    rollouts = asyncio.create_task(runner.run(stop=lambda: finished))
+
     def train() -> list[StepReport]:
         evaluate()
-        return trainer.run(after_step)
+        return trainer.run(after_step, alive=lambda: not rollouts.done())
 
-    rollouts = asyncio.create_task(runner.run(stop=lambda: finished))
     try:
         steps = await asyncio.to_thread(train)
     finally:

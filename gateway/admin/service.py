@@ -10,6 +10,9 @@ from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 
+ABORT_GRACE = 2.0
+"""Seconds an abort-mode pause waits for the aborted calls to end (calls vLLM queued wait for the resume)."""
+
 
 def admin_state(state: GatewayState) -> AdminState:
     return AdminState(
@@ -30,6 +33,8 @@ async def pause(state: GatewayState, mode: str, timeout: float) -> AdminState:
     # vLLM's own pause ends (abort) or freezes (keep) what it is generating and queues what reaches it
     # afterwards: calls still on their way when it paused run after resume, with the new weights.
     await state.backends.call_all("/pause", params={"mode": mode})
+    if mode == "abort":  # let the aborted turns be recorded before a new version can be set
+        await state.traffic.drained(min(timeout, ABORT_GRACE))
     log.info("paused (%s): %d calls in flight", mode, state.traffic.in_flight)
     return admin_state(state)
 
