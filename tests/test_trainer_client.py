@@ -380,6 +380,17 @@ def test_a_committed_claim_is_kept_after_its_lease(store):
     assert [stored_rollout(db_url, r)["lease_until"] for r in rollouts] == [None, None]
 
 
+def test_a_renewed_lease_keeps_the_claim_past_its_first_term(store):
+    gateway, client, db_url = store
+    run_rollout(gateway, "g", reward=1.0, turns=1)
+
+    assert len(client.claim("t1", 0, lease=0.5)) == 1
+    assert client.renew("t1", 0, lease=30.0) == 1
+    time.sleep(0.6)
+
+    assert len(client.claim("t2", 0)) == 0
+
+
 def test_eval_rollouts_are_never_served_for_training_and_are_reported_per_version(store, tmp_path):
     gateway, client, db_url = store
     run_rollout(gateway, "train", reward=0.5, turns=1)

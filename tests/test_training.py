@@ -90,20 +90,21 @@ def test_async_grpo_through_the_gateway_raises_mean_reward(policy_vllm, start_ga
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and report.stat().st_size > 0
 
 
-def test_backend_restarted_mid_rollout_leaves_error_turns_and_masked_rollouts(
+def test_backend_crashed_and_restarted_mid_rollout_leaves_error_turns_and_masked_rollouts(
     policy_vllm, start_gateway, databases
 ):
     db_url = databases.new("postgresql")
     gateway = start_gateway(db_url, backends=[policy_vllm.url])
     task = CharacterShareTask(turns=3)
-    runner_config = RunnerConfig(group_size=4, groups_in_flight=1, max_tokens=64, retry_for=600)
+    # Long replies (about a second each): the crash lands while calls are being generated.
+    runner_config = RunnerConfig(group_size=4, groups_in_flight=1, max_tokens=400, retry_for=600)
 
     async def play_through_a_restart() -> list[float]:
         runner = RolloutRunner(gateway.url, task, runner_config, name="restart")
         group = asyncio.create_task(runner.play_group(0))
-        while not query(db_url, "SELECT 1 FROM turns WHERE status = 'ok' LIMIT 1"):
-            await asyncio.sleep(0.05)
-        await asyncio.to_thread(policy_vllm.stop)
+        while not await asyncio.to_thread(query, db_url, "SELECT 1 FROM turns WHERE status = 'ok' LIMIT 1"):
+            await asyncio.sleep(0.02)
+        await asyncio.to_thread(policy_vllm.kill)  # a crash, with the next turns in flight
         await asyncio.sleep(2)  # calls made while it is down fail too
         await asyncio.to_thread(policy_vllm.start)
         rewards = await group

@@ -84,6 +84,11 @@ class VLLMServer:
         if self._process is not None:
             self._process.stop(grace=10.0)
 
+    def kill(self) -> None:
+        """SIGKILL the server and its engine at once, as a crash would (tests of backend failures)."""
+        if self._process is not None:
+            self._process.kill()
+
     def __enter__(self) -> VLLMServer:
         return self.start()
 
