@@ -44,6 +44,19 @@ def test_chat_turn_stores_the_prompt_ids_vllm_renders_and_the_sampled_ids(gatewa
     assert turn["params"] == {"model": "tiny", "max_tokens": 12, "temperature": 0.0, "seed": 7}
 
 
+def test_nul_characters_in_a_turn_are_stored_and_lose_nothing(gateway, vllm, db_url, db_kind, rollout_id):
+    messages = [{"role": "user", "content": "before\x00after"}]
+
+    reply = client(gateway, rollout_id).chat.completions.create(messages=messages, **SAMPLING)
+
+    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    nul = "\x00" if db_kind == "sqlite" else "\ufffd"  # PostgreSQL text and JSONB cannot hold NUL
+    assert turn["status"] == "ok"
+    assert turn["content"] == reply.choices[0].message.content.replace("\x00", nul)
+    assert turn["messages"] == [{"role": "user", "content": f"before{nul}after"}]
+    assert turn["prompt_token_ids"] == tokenize_chat(vllm, messages)  # the ids are exact everywhere
+
+
 def test_agent_receives_exactly_the_reply_vllm_sends_for_its_own_request(gateway, vllm, rollout_id):
     body = {"messages": MESSAGES, **SAMPLING}
     direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, timeout=60).json()

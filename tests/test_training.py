@@ -97,12 +97,13 @@ def test_backend_crashed_and_restarted_mid_rollout_leaves_error_turns_and_masked
     gateway = start_gateway(db_url, backends=[policy_vllm.url])
     task = CharacterShareTask(turns=3)
     # Long replies (about a second each): the crash lands while calls are being generated.
-    runner_config = RunnerConfig(group_size=4, groups_in_flight=1, max_tokens=400, retry_for=600)
+    runner_config = RunnerConfig(group_size=4, groups_in_flight=1, max_tokens=400, min_tokens=400, retry_for=600)
 
     async def play_through_a_restart() -> list[float]:
         runner = RolloutRunner(gateway.url, task, runner_config, name="restart")
         group = asyncio.create_task(runner.play_group(0))
         while not await asyncio.to_thread(query, db_url, "SELECT 1 FROM turns WHERE status = 'ok' LIMIT 1"):
+            assert not group.done(), "the group ended before the crash"
             await asyncio.sleep(0.02)
         await asyncio.to_thread(policy_vllm.kill)  # a crash, with the next turns in flight
         await asyncio.sleep(2)  # calls made while it is down fail too

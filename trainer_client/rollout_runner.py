@@ -30,6 +30,8 @@ class RunnerConfig:
     group_size: int = 8
     groups_in_flight: int = 2
     max_tokens: int = 16
+    min_tokens: int = 0
+    """vLLM's `min_tokens`: replies at least this long (no end-of-turn before)."""
     temperature: float = 1.0
     model: str = "tiny"
     retry_for: float = 300.0
@@ -144,6 +146,7 @@ class RolloutRunner:
                     max_tokens=self.config.max_tokens,
                     temperature=self.config.temperature,
                     seed=seed,
+                    extra_body={"min_tokens": self.config.min_tokens} if self.config.min_tokens else None,
                 )
                 self.stats.calls += 1
                 return completion.choices[0].message.content or ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import orjson
 from alembic import command
@@ -33,16 +34,43 @@ def make_engine(url: str, *, pool_size: int = 5, writer: bool = False) -> Engine
     """An engine for `url`; `writer` marks SQLite transactions as writes from their start (BEGIN IMMEDIATE),
     so that they wait for another process's write lock instead of failing when they upgrade to one."""
     url = normalize_url(url)
-    json = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
     if is_sqlite(url):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **json)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            json_serializer=_json_dumps,
+            json_deserializer=orjson.loads,
+        )
         _configure_sqlite(engine, "BEGIN IMMEDIATE" if writer else "BEGIN")
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, **json)
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        json_serializer=_json_dumps_nul_free,
+        json_deserializer=orjson.loads,
+    )
 
 
 def _json_dumps(value: object) -> str:
     return orjson.dumps(value).decode()
+
+
+def _json_dumps_nul_free(value: object) -> str:
+    """JSON for PostgreSQL, whose JSONB refuses the NUL character: it is stored as U+FFFD there."""
+    text = orjson.dumps(value).decode()
+    return orjson.dumps(_without_nul(value)).decode() if "\\u0000" in text else text
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(key): _without_nul(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nul(item) for item in value]
+    return value
 
 
 def _configure_sqlite(engine: Engine, begin: str) -> None:

@@ -23,10 +23,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    TypeDecorator,
     UniqueConstraint,
     false,
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
+from sqlalchemy.engine import Dialect
 
 ROLLOUT_RUNNING = "running"
 ROLLOUT_FINISHED_STATUSES = ("completed", "failed", "truncated", "aborted")
@@ -34,6 +36,18 @@ TURN_OK = "ok"
 TURN_ERROR = "error"
 TURN_CANCELLED = "cancelled"
 
+class NulFreeText(TypeDecorator[str]):
+    """PostgreSQL text cannot hold NUL characters, which a model can sample and an agent can send: they are
+    stored as U+FFFD there (SQLite keeps them). The token ids are exact either way."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return value.replace("\x00", "\ufffd") if value is not None and "\x00" in value else value
+
+
+SafeText = Text().with_variant(NulFreeText(), "postgresql")
 Json = JSON().with_variant(JSONB(), "postgresql")
 Blob = LargeBinary().with_variant(BYTEA(), "postgresql")
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -52,7 +66,7 @@ rollouts = Table(
     metadata,
     Column("rollout_id", String(128), primary_key=True),
     Column("group_id", String(128), nullable=False),
-    Column("task_id", String(256)),
+    Column("task_id", SafeText),
     Column("metadata", Json, nullable=False),
     Column("status", String(16), nullable=False),
     Column("reward", Float),
@@ -86,10 +100,10 @@ turns = Table(
     Column("rollout_id", String(128), ForeignKey("rollouts.rollout_id"), nullable=False),
     Column("turn_index", Integer, nullable=False),
     Column("endpoint", String(16), nullable=False),
-    Column("model", String(256)),
+    Column("model", SafeText),
     Column("stream", Boolean, nullable=False),
     Column("status", String(16), nullable=False),
-    Column("error", Text),
+    Column("error", SafeText),
     Column("http_status", Integer),
     Column("backend", String(256)),
     Column("policy_version", String(64)),
@@ -98,12 +112,12 @@ turns = Table(
     # What the agent asked: new messages (or a completions prompt), tools and every other request field.
     Column("prefix_messages", Integer, nullable=False),
     Column("messages", Json),
-    Column("prompt_text", Text),
+    Column("prompt_text", SafeText),
     Column("tools", Json),
     Column("params", Json),
     # What the model answered, as the agent saw it.
-    Column("content", Text),
-    Column("reasoning", Text),
+    Column("content", SafeText),
+    Column("reasoning", SafeText),
     Column("tool_calls", Json),
     Column("finish_reason", String(32)),
     # Exact engine tokens, and the turn's place in its rollout (see gateway.store.chain).
