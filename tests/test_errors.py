@@ -39,6 +39,7 @@ def assert_openai_error(response: httpx.Response, status: int, code: str) -> dic
         (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 422, "invalid_request"),
         (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 2}', 422, "invalid_request"),
         (b'{"model": 5, "messages": [{"role": "user", "content": "x"}]}', 422, "invalid_request"),
+        (b'{"model": "' + b"m" * 257 + b'", "messages": [{"role": "user", "content": "x"}]}', 422, "invalid_request"),
     ],
 )
 def test_malformed_requests_get_openai_errors_and_store_nothing(gateway, db_url, rollout_id, content, status, code):

@@ -19,6 +19,8 @@ def _single_choice(n: int) -> int:
 
 
 SingleChoice = Annotated[StrictInt, AfterValidator(_single_choice)]
+ModelName = Annotated[StrictStr, Field(max_length=256)]
+"""As long as the store's `turns.model` column allows."""
 
 
 class ChatMessage(BaseModel):
@@ -37,7 +39,7 @@ class StreamOptions(BaseModel):
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    model: StrictStr | None = None
+    model: ModelName | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     tools: list[dict[str, Any]] | None = None
     stream: StrictBool = False
@@ -51,7 +53,7 @@ class ChatCompletionRequest(BaseModel):
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    model: StrictStr | None = None
+    model: ModelName | None = None
     prompt: StrictStr | Annotated[list[StrictInt], Field(min_length=1)]
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
