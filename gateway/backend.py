@@ -6,7 +6,6 @@ bench/gateway_overhead.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import zlib
 from collections.abc import AsyncIterator
@@ -31,7 +30,7 @@ class BackendReply:
     async def body(self) -> bytes:
         try:
             return await self._response.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise BackendStreamError(f"backend reply broke off: {exc!r}") from exc
         finally:
             self._response.release()
@@ -40,7 +39,7 @@ class BackendReply:
         try:
             async for chunk in self._response.content.iter_any():
                 yield chunk
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise BackendStreamError(f"backend stream broke off: {exc!r}") from exc
 
     def close(self) -> None:
@@ -49,7 +48,15 @@ class BackendReply:
 
 
 class BackendPool:
-    def __init__(self, urls: list[str], *, timeout: float, connect_timeout: float, max_connections: int) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        timeout: float,
+        connect_timeout: float,
+        max_connections: int,
+        api_key: str | None = None,
+    ) -> None:
         if not urls:
             raise ValueError("at least one backend URL is required")
         self.urls = urls
@@ -59,6 +66,8 @@ class BackendPool:
             # Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are reused.
             connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=4.0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout),
+            # The gateway's own credentials (vLLM's --api-key); an agent's are never forwarded.
+            headers={"authorization": f"Bearer {api_key}"} if api_key else None,
         )
 
     def order(self, rollout_id: str) -> list[str]:
@@ -74,11 +83,13 @@ class BackendPool:
         last_error: Exception | None = None
         for url in self.order(rollout_id):
             try:
-                response = await self._post(url + path, data=body, headers={"content-type": "application/json"})
+                response = await self._post(
+                    url + path, data=body, headers={"content-type": "application/json"}
+                )
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 last_error = exc
                 continue
-            except asyncio.TimeoutError as exc:
+            except TimeoutError as exc:
                 raise ApiError(504, f"backend {url} timed out", "backend_timeout") from exc
             except aiohttp.ClientError as exc:
                 raise ApiError(502, f"backend {url} failed: {exc!r}", "backend_error") from exc
@@ -102,7 +113,7 @@ class BackendPool:
         try:
             async with self._session.post(url + "/v1/chat/completions/render", json=body) as response:
                 self.scale_out[url] = response.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             return None
         return self.scale_out[url]
 
@@ -124,7 +135,7 @@ class BackendPool:
                 async with response:
                     if response.status != 200:
                         failures.append(f"{url}: HTTP {response.status} {(await response.text())[:200]}")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 failures.append(f"{url}: {exc!r}")
         if failures:
             raise ApiError(502, f"{path} failed on " + "; ".join(failures), "backend_error")
@@ -135,7 +146,7 @@ class BackendPool:
             try:
                 async with self._session.get(url + path) as response:
                     return response.status, await response.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 last_error = exc
         raise ApiError(503, f"no backend reachable: {last_error!r}", "backend_unavailable") from last_error
 

@@ -7,6 +7,8 @@ import logging
 import sys
 from typing import Any, Literal, get_args, get_origin
 
+from pydantic import ValidationError
+
 from gateway import __version__
 from gateway.settings import Settings
 
@@ -32,12 +34,21 @@ def _add_settings_flags(parser: argparse.ArgumentParser, names: list[str] | None
 
 
 def settings_from(args: argparse.Namespace, names: list[str] | None = None) -> Settings:
+    """The settings of the flags given (over the environment); a bad value ends the command with one line."""
     given = {
         name: getattr(args, name)
         for name in Settings.model_fields
         if (names is None or name in names) and getattr(args, name, None) is not None
     }
-    return Settings(**given)
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = str(error["loc"][0]) if error["loc"] else ""
+        flag = "--" + name.replace("_", "-") if name in given else "GATEWAY_" + name.upper()
+        message = str(error["msg"]).removeprefix("Value error, ")
+        print(f"{args.prog}: error: {flag}: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,14 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the gateway", description="Run the gateway HTTP server.")
     _add_settings_flags(serve)
+    serve.set_defaults(prog=serve.prog)
 
     db = commands.add_parser("db", help="manage the store's schema")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     upgrade = db_commands.add_parser("upgrade", help="apply the migrations up to a revision (default: head)")
     _add_settings_flags(upgrade, ["db"])
+    upgrade.set_defaults(prog=upgrade.prog)
     upgrade.add_argument("--revision", default="head")
     current = db_commands.add_parser("current", help="print the database's schema revision")
     _add_settings_flags(current, ["db"])
+    current.set_defaults(prog=current.prog)
 
     demo = commands.add_parser(
         "demo",
@@ -68,12 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--workdir", default=".gateway-work", help="where the model, logs and database go")
     demo.add_argument("--groups", type=int, default=3, help="GRPO groups to run (without --train)")
-    demo.add_argument("--group-size", type=int, default=None, help="rollouts per group (default: 4, 8 with --train)")
-    demo.add_argument("--turns", type=int, default=3, help="model calls per rollout (without --train)")
-    demo.add_argument("--train", action="store_true", help="run rollout workers and the reference GRPO trainer")
-    demo.add_argument("--steps", type=int, default=20, help="training steps (with --train; default: %(default)s)")
     demo.add_argument(
-        "--groups-per-step", type=int, default=4, help="GRPO groups per training step (with --train; default: %(default)s)"
+        "--group-size", type=int, default=None, help="rollouts per group (default: 4, 8 with --train)"
+    )
+    demo.add_argument("--turns", type=int, default=3, help="model calls per rollout (without --train)")
+    demo.add_argument(
+        "--train", action="store_true", help="run rollout workers and the reference GRPO trainer"
+    )
+    demo.add_argument(
+        "--steps", type=int, default=20, help="training steps (with --train; default: %(default)s)"
+    )
+    demo.add_argument(
+        "--groups-per-step",
+        type=int,
+        default=4,
+        help="GRPO groups per training step (with --train; default: %(default)s)",
     )
     return parser
 
@@ -89,11 +112,16 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.demo_train import run_train_demo
 
         return run_train_demo(
-            workdir=args.workdir, steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size or 8
+            workdir=args.workdir,
+            steps=args.steps,
+            groups_per_step=args.groups_per_step,
+            group_size=args.group_size or 8,
         )
     from gateway.demo import run_demo
 
-    return run_demo(workdir=args.workdir, groups=args.groups, group_size=args.group_size or 4, turns=args.turns)
+    return run_demo(
+        workdir=args.workdir, groups=args.groups, group_size=args.group_size or 4, turns=args.turns
+    )
 
 
 def _serve(settings: Settings) -> int:

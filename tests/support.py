@@ -7,8 +7,6 @@ from typing import Any
 import httpx
 
 from gateway.engine.vllm_server import VLLMServer
-from gateway.store import reads
-from gateway.store.database import make_engine
 
 TOOLS = [
     {
@@ -24,16 +22,27 @@ LS_TMP_CALL = '<tool_call>{"name": "ls", "arguments": {"path": "/tmp"}}</tool_ca
 LS_TMP_REGEX = r'<tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
 
 
-def stored_rollout(db_url: str, rollout_id: str) -> dict[str, Any]:
-    """The rollout as the database holds it, with full token arrays and messages."""
-    engine = make_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            rollout = reads.get_rollout(conn, rollout_id, include_tokens=True, include_messages=True)
-    finally:
-        engine.dispose()
-    assert rollout is not None, f"rollout {rollout_id} is not in the database"
-    return rollout
+VLLM_KEY = "vllm-test-key"
+"""The session's vLLM requires it (--api-key); gateways send it as --backend-api-key."""
+VLLM_HEADERS = {"authorization": f"Bearer {VLLM_KEY}"}
+
+
+def client_of(gateway: Any) -> Any:
+    """What to send requests with: an in-process gateway is its own client; a process is reached over HTTP."""
+    return gateway if hasattr(gateway, "request") else httpx
+
+
+def stored_rollout(gateway: Any, rollout_id: str, token: str | None = None) -> dict[str, Any]:
+    """The rollout as users read it back (GET /rollouts/{id}), with full token arrays and messages.
+
+    `gateway` is a gateway process or an in-process client; `token` the control token, if it needs one."""
+    response = client_of(gateway).get(
+        f"{gateway.url}/rollouts/{rollout_id}",
+        params={"include_tokens": "true", "include_messages": "true"},
+        headers={"authorization": f"Bearer {token}"} if token else None,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
 
 
 def tokenize_chat(vllm: VLLMServer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
@@ -41,13 +50,13 @@ def tokenize_chat(vllm: VLLMServer, messages: list[dict[str, Any]], tools: list[
     body: dict[str, Any] = {"model": "tiny", "messages": messages, "add_generation_prompt": True}
     if tools:
         body["tools"] = tools
-    response = httpx.post(vllm.url + "/tokenize", json=body, timeout=30)
+    response = httpx.post(vllm.url + "/tokenize", json=body, headers=VLLM_HEADERS, timeout=30)
     response.raise_for_status()
     return response.json()["tokens"]
 
 
 def detokenize(vllm: VLLMServer, ids: list[int]) -> str:
-    response = httpx.post(vllm.url + "/detokenize", json={"model": "tiny", "tokens": ids}, timeout=30)
+    response = httpx.post(vllm.url + "/detokenize", json={"model": "tiny", "tokens": ids}, headers=VLLM_HEADERS, timeout=30)
     response.raise_for_status()
     return response.json()["prompt"]
 

@@ -44,7 +44,7 @@ def test_pause_holds_new_calls_until_resume(fresh, rollout_id):
 
     assert (paused["paused"], resumed["paused"]) == (True, False)
     assert done.is_set()
-    assert [t["status"] for t in stored_rollout(db_url, rollout_id)["turns"]] == ["ok"]
+    assert [t["status"] for t in stored_rollout(gateway, rollout_id)["turns"]] == ["ok"]
     assert admin(gateway, "/state").json()["in_flight"] == 0
 
 
@@ -58,7 +58,7 @@ def test_new_policy_version_stamps_the_turns_that_follow(fresh, rollout_id):
     finally:
         admin(gateway, "/policy_version", json={"version": "default"})
 
-    turns = stored_rollout(db_url, rollout_id)["turns"]
+    turns = stored_rollout(gateway, rollout_id)["turns"]
     assert state["policy_version"] == "4"
     assert [(t["policy_version"], t["policy_version_end"]) for t in turns] == [("3", "3"), ("4", "4")]
 
@@ -81,7 +81,7 @@ def test_streamed_turn_survives_a_keep_mode_weight_update_and_records_its_versio
         admin(gateway, "/policy_version", json={"version": "default"})
 
     assert first.startswith("data: {") and rest[-1] == "data: [DONE]"
-    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    turn = stored_rollout(gateway, rollout_id)["turns"][0]
     assert turn["policy_version"] == "1"
     # The version at completion: "2" if the turn finished after the update, "1" if before.
     if turn["finished_at"] > after:
@@ -143,4 +143,4 @@ def test_trainer_weight_sync_pauses_sets_the_version_and_resumes(fresh, rollout_
 
     assert (state["paused"], state["policy_version"]) == (False, "9")
     assert (after_failure["paused"], after_failure["policy_version"]) == (False, "9")
-    assert stored_rollout(db_url, rollout_id)["turns"][0]["policy_version"] == "9"
+    assert stored_rollout(gateway, rollout_id)["turns"][0]["policy_version"] == "9"

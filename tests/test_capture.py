@@ -8,7 +8,7 @@ import httpx
 import openai
 import orjson
 
-from support import detokenize, stored_rollout, tokenize_chat
+from support import VLLM_HEADERS, detokenize, stored_rollout, tokenize_chat
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -29,7 +29,7 @@ def without_ids(payload: dict[str, Any]) -> dict[str, Any]:
 def test_chat_turn_stores_the_prompt_ids_vllm_renders_and_the_sampled_ids(gateway, vllm, db_url, rollout_id):
     reply = client(gateway, rollout_id).chat.completions.create(messages=MESSAGES, **SAMPLING)
 
-    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    turn = stored_rollout(gateway, rollout_id)["turns"][0]
     assert turn["status"] == "ok"
     assert turn["prompt_token_ids"] == tokenize_chat(vllm, MESSAGES)
     assert turn["prompt_tokens"] == len(turn["prompt_token_ids"]) == reply.usage.prompt_tokens
@@ -49,7 +49,7 @@ def test_nul_characters_in_a_turn_are_stored_and_lose_nothing(gateway, vllm, db_
 
     reply = client(gateway, rollout_id).chat.completions.create(messages=messages, **SAMPLING)
 
-    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    turn = stored_rollout(gateway, rollout_id)["turns"][0]
     nul = "\x00" if db_kind == "sqlite" else "\ufffd"  # PostgreSQL text and JSONB cannot hold NUL
     assert turn["status"] == "ok"
     assert turn["content"] == reply.choices[0].message.content.replace("\x00", nul)
@@ -59,7 +59,7 @@ def test_nul_characters_in_a_turn_are_stored_and_lose_nothing(gateway, vllm, db_
 
 def test_agent_receives_exactly_the_reply_vllm_sends_for_its_own_request(gateway, vllm, rollout_id):
     body = {"messages": MESSAGES, **SAMPLING}
-    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, timeout=60).json()
+    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60).json()
     through = httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60).json()
 
     assert without_ids(through) == without_ids(direct)
@@ -70,7 +70,7 @@ def test_agent_receives_exactly_the_reply_vllm_sends_for_its_own_request(gateway
 
 def test_agent_that_asks_for_token_ids_and_logprobs_gets_them(gateway, vllm, rollout_id):
     body = {"messages": MESSAGES, **SAMPLING, "return_token_ids": True, "logprobs": True}
-    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, timeout=60).json()
+    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60).json()
     through = httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60).json()
 
     assert without_ids(through) == without_ids(direct)
@@ -88,7 +88,7 @@ def sse_events(raw: bytes) -> list[Any]:
 
 def test_streamed_reply_equals_vllm_stream_chunk_for_chunk(gateway, vllm, rollout_id):
     body = {"messages": MESSAGES, **SAMPLING, "stream": True}
-    direct = sse_events(httpx.post(vllm.url + "/v1/chat/completions", json=body, timeout=60).content)
+    direct = sse_events(httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60).content)
     through = sse_events(httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60).content)
 
     assert through[-1] == direct[-1] == "[DONE]"
@@ -103,7 +103,7 @@ def test_streaming_and_non_streaming_store_the_same_fields(gateway, db_url, roll
     )
     streamed_text = "".join(chunk.choices[0].delta.content or "" for chunk in pieces if chunk.choices)
 
-    first, second = stored_rollout(db_url, rollout_id)["turns"]
+    first, second = stored_rollout(gateway, rollout_id)["turns"]
     assert (first["stream"], second["stream"]) == (False, True)
     assert streamed_text == whole.choices[0].message.content
     for field in (
@@ -119,7 +119,7 @@ def test_completions_endpoint_with_token_id_prompt_is_captured(gateway, vllm, db
     prompt_ids = tokenize_chat(vllm, MESSAGES)
     reply = client(gateway, rollout_id).completions.create(prompt=prompt_ids, **SAMPLING)
 
-    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    turn = stored_rollout(gateway, rollout_id)["turns"][0]
     assert turn["endpoint"] == "completions"
     assert turn["prompt_token_ids"] == prompt_ids
     assert detokenize(vllm, turn["completion_token_ids"]) == reply.choices[0].text
@@ -132,7 +132,7 @@ def test_streamed_completions_are_captured_like_whole_ones(gateway, db_url, roll
     whole = agent.completions.create(prompt="Once upon a time", **SAMPLING)
     text = "".join(chunk.choices[0].text for chunk in agent.completions.create(prompt="Once upon a time", **SAMPLING, stream=True) if chunk.choices)
 
-    first, second = stored_rollout(db_url, rollout_id)["turns"]
+    first, second = stored_rollout(gateway, rollout_id)["turns"]
     assert text == whole.choices[0].text == first["content"] == second["content"]
     assert first["prompt_token_ids"] == second["prompt_token_ids"]
     assert first["completion_token_ids"] == second["completion_token_ids"]

@@ -50,7 +50,7 @@ def test_32_concurrent_rollouts_are_all_recorded_exactly(gateway, vllm, db_url):
     conversations = asyncio.run(run())
 
     for rollout_id, sent in zip(ids, conversations):
-        rollout = stored_rollout(db_url, rollout_id)
+        rollout = stored_rollout(gateway, rollout_id)
         assert rollout["group_id"] == group
         assert [t["index"] for t in rollout["turns"]] == [0, 1]
         for turn, messages in zip(rollout["turns"], sent):

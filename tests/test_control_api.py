@@ -39,7 +39,7 @@ def test_base_url_works_with_an_unmodified_openai_client(gateway, db_url):
     agent = openai.OpenAI(base_url=created["base_url"], api_key="unused", max_retries=0)
     agent.chat.completions.create(model="tiny", messages=CHAT["messages"], max_tokens=3)
 
-    rollout = stored_rollout(db_url, created["rollout_id"])
+    rollout = stored_rollout(gateway, created["rollout_id"])
     assert (rollout["group_id"], len(rollout["turns"])) == ("g-sdk", 1)
 
 
@@ -58,7 +58,7 @@ def test_rewards_and_finish_are_recorded(gateway, db_url, rollout_id):
     assert second_finish.status_code == 409
     assert second_finish.json()["error"]["code"] == "rollout_finished"
     assert finish.json()["status"] == "truncated"
-    rollout = stored_rollout(db_url, rollout_id)
+    rollout = stored_rollout(gateway, rollout_id)
     assert rollout["status"] == "truncated"
     assert rollout["reward"] == 0.75
     assert [(r["turn_index"], r["value"], r["components"]) for r in rollout["rewards"]] == [
@@ -91,7 +91,7 @@ def test_invalid_rewards_are_refused_without_touching_the_rollout(gateway, db_ur
 
     assert response.status_code in (400, 422)
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
-    rollout = stored_rollout(db_url, rollout_id)
+    rollout = stored_rollout(gateway, rollout_id)
     assert (rollout["reward"], rollout["rewards"]) == (None, [])
 
 
@@ -112,7 +112,7 @@ def test_finish_rejects_unknown_status_and_components_without_reward(gateway, db
     assert unknown.status_code == orphan.status_code == 422
     assert unknown.json()["error"]["param"] == "status"
     assert "give the reward too" in orphan.json()["error"]["message"]
-    assert stored_rollout(db_url, rollout_id)["status"] == "running"
+    assert stored_rollout(gateway, rollout_id)["status"] == "running"
 
 
 def test_get_rollout_shows_turns_and_tokens_only_on_request(gateway, rollout_id):

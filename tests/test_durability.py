@@ -38,7 +38,7 @@ def test_killed_gateway_keeps_every_acknowledged_turn(start_gateway, databases, 
         assert turns[1]["prompt_token_ids"] == turns[0]["prompt_token_ids"]
     agent = openai.OpenAI(base_url=second.agent_url(acknowledged[0]), api_key="unused", max_retries=0)
     agent.chat.completions.create(**CHAT)
-    assert [t["index"] for t in stored_rollout(db_url, acknowledged[0])["turns"]] == [0, 1, 2]
+    assert [t["index"] for t in stored_rollout(second, acknowledged[0])["turns"]] == [0, 1, 2]
 
 
 def test_client_leaving_mid_stream_leaves_a_cancelled_turn(gateway, db_url, rollout_id):
@@ -57,7 +57,7 @@ def test_client_leaving_mid_stream_leaves_a_cancelled_turn(gateway, db_url, roll
         if turns:
             break
         time.sleep(0.2)
-    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    turn = stored_rollout(gateway, rollout_id)["turns"][0]
     assert turn["status"] == "cancelled"
     assert turn["error"] == "client disconnected before the end of the stream"
     assert len(turn["prompt_token_ids"]) > 0

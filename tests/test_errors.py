@@ -8,7 +8,7 @@ import pytest
 
 from gateway.process import free_port
 
-from support import stored_rollout
+from support import VLLM_HEADERS, stored_rollout
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -36,8 +36,9 @@ def assert_openai_error(response: httpx.Response, status: int, code: str) -> dic
         (b'{"model": "tiny", "messages": "hi"}', 422, "invalid_request"),
         (b'{"model": "tiny", "messages": []}', 422, "invalid_request"),
         (b'{"model": "tiny", "messages": [{"content": "no role"}]}', 422, "invalid_request"),
-        (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 422, "invalid_request"),
-        (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 2}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": "maybe"}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 0}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 1.5}', 422, "invalid_request"),
         (b'{"model": 5, "messages": [{"role": "user", "content": "x"}]}', 422, "invalid_request"),
         (b'{"model": "' + b"m" * 257 + b'", "messages": [{"role": "user", "content": "x"}]}', 422, "invalid_request"),
     ],
@@ -50,8 +51,46 @@ def test_malformed_requests_get_openai_errors_and_store_nothing(gateway, db_url,
 
 
 def test_wrong_type_names_the_offending_parameter(gateway, rollout_id):
-    response = post_chat(gateway, rollout_id, json={**CHAT, "max_tokens": 4, "stream": "yes"})
-    assert assert_openai_error(response, 422, "invalid_request")["param"] == "stream"
+    response = post_chat(gateway, rollout_id, json={**CHAT, "max_tokens": 4, "n": "many"})
+    assert assert_openai_error(response, 422, "invalid_request")["param"] == "n"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"stream": None}, {"n": None}, {"n": 1.0}, {"stream": "false"}, {"logprobs": None}, {"model": None}],
+    ids=["stream-null", "n-null", "n-float", "stream-string", "logprobs-null", "model-null"],
+)
+def test_what_vllm_accepts_the_gateway_accepts(gateway, vllm, rollout_id, fields):
+    body = {**CHAT, **fields}
+    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60)
+    through = post_chat(gateway, rollout_id, json=body)
+
+    assert (direct.status_code, through.status_code) == (200, 200)
+    assert through.json()["object"] == direct.json()["object"] == "chat.completion"
+    assert [t["status"] for t in stored_rollout(gateway, rollout_id)["turns"]] == ["ok"]
+
+
+def test_a_string_true_streams_as_it_does_on_vllm(gateway, rollout_id):
+    response = post_chat(gateway, rollout_id, json={**CHAT, "stream": "true"})
+
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.text.endswith("data: [DONE]\n\n")
+    assert stored_rollout(gateway, rollout_id)["turns"][0]["stream"] is True
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"top_logprobs": 2}, {"temperature": -1.0}, {"max_tokens": 0}, {"messages": [{"role": "robot", "content": "x"}]}],
+    ids=["top_logprobs-without-logprobs", "negative-temperature", "zero-max-tokens", "unknown-role"],
+)
+def test_a_clients_mistake_gets_vllms_own_answer(gateway, vllm, rollout_id, fields):
+    body = {**CHAT, **fields}
+    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60)
+    through = post_chat(gateway, rollout_id, json=body)
+
+    assert through.status_code == direct.status_code == 400
+    assert through.json() == direct.json()
+    assert through.headers["x-should-retry"] == "false"
 
 
 def test_oversized_body_is_refused_with_413(gateway, rollout_id):
@@ -62,8 +101,11 @@ def test_oversized_body_is_refused_with_413(gateway, rollout_id):
 def test_request_vllm_refuses_is_passed_on_and_stored_as_an_error_turn(gateway, db_url, rollout_id):
     response = post_chat(gateway, rollout_id, json={**CHAT, "max_tokens": 100_000})
 
-    error = assert_openai_error(response, 400, "invalid_request")
-    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["type"]) == ("context_length_exceeded", "BadRequestError")
+    assert "maximum context length" in error["message"]
+    turn = stored_rollout(gateway, rollout_id)["turns"][0]
     assert turn["status"] == "error"
     assert turn["http_status"] == 400
     assert turn["error"] == error["message"]
@@ -81,12 +123,12 @@ def test_unreachable_backend_gives_503_and_an_error_turn(start_gateway, database
 
     assert raised.value.status_code == 503
     assert raised.value.body["code"] == "backend_unavailable"
-    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    turn = stored_rollout(dead, rollout_id)["turns"][0]
     assert (turn["status"], turn["http_status"]) == ("error", 503)
     assert "no backend reachable" in turn["error"]
     stream = httpx.post(dead.agent_url(rollout_id) + "/chat/completions", json={**CHAT, "stream": True})
     assert_openai_error(stream, 503, "backend_unavailable")
-    assert [t["status"] for t in stored_rollout(db_url, rollout_id)["turns"]] == ["error", "error"]
+    assert [t["status"] for t in stored_rollout(dead, rollout_id)["turns"]] == ["error", "error"]
 
 
 def test_second_backend_serves_when_the_first_is_down(start_gateway, databases, db_kind, vllm, rollout_id):
@@ -95,7 +137,7 @@ def test_second_backend_serves_when_the_first_is_down(start_gateway, databases, 
     client = openai.OpenAI(base_url=pair.agent_url(rollout_id), api_key="unused", max_retries=0)
     for _ in range(2):
         client.chat.completions.create(**CHAT)
-    turns = stored_rollout(db_url, rollout_id)["turns"]
+    turns = stored_rollout(pair, rollout_id)["turns"]
     assert [(t["status"], t["backend"]) for t in turns] == [("ok", vllm.url), ("ok", vllm.url)]
 
 
@@ -113,11 +155,34 @@ def test_calls_on_a_finished_rollout_are_409_and_leave_it_intact(gateway, db_url
     assert post_chat(gateway, rollout_id, json=CHAT).status_code == 200
     assert httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"reward": 1.0}).status_code == 200
 
-    assert_openai_error(post_chat(gateway, rollout_id, json=CHAT), 409, "rollout_finished")
-    rollout = stored_rollout(db_url, rollout_id)
+    refused = post_chat(gateway, rollout_id, json=CHAT)
+    assert_openai_error(refused, 409, "rollout_finished")
+    assert refused.headers["x-should-retry"] == "false"  # the SDKs retry a 409 otherwise
+    rollout = stored_rollout(gateway, rollout_id)
     assert (rollout["status"], rollout["reward"], len(rollout["turns"])) == ("completed", 1.0, 1)
 
 
 def test_invalid_rollout_id_in_the_path_is_400(gateway):
     response = post_chat(gateway, "bad%20id", json=CHAT)
     assert_openai_error(response, 400, "invalid_rollout_id")
+
+
+def test_an_unknown_path_says_which_endpoints_exist(gateway):
+    response = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT)
+
+    error = assert_openai_error(response, 404, "unknown_route")
+    assert error["message"].startswith("no route POST /v1/chat/completions; the gateway serves: agent API under ")
+    assert "/rollouts/{rollout_id}/v1: POST chat/completions" in error["message"]
+    assert_openai_error(httpx.get(gateway.url + "/rollouts"), 405, "method_not_allowed")
+
+
+def test_a_rollout_with_rewards_reads_back_through_the_api(gateway, rollout_id):
+    assert post_chat(gateway, rollout_id, json=CHAT).status_code == 200
+    httpx.post(f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 0.5, "components": {"a": 0.5}})
+    httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"reward": 1.0})
+
+    response = httpx.get(f"{gateway.url}/rollouts/{rollout_id}")
+
+    assert response.status_code == 200
+    rewards = [(r["turn_index"], r["value"], r["components"]) for r in response.json()["rewards"]]
+    assert rewards == [(None, 0.5, {"a": 0.5}), (None, 1.0, None)]

@@ -12,7 +12,7 @@ import pytest
 from gateway.engine.tiny_model import THINK_STRIPPING_CHAT_TEMPLATE
 from trainer_client import SampleOptions, TrainerClient
 
-from support import TOOLS, detokenize, stored_rollout, tokenize_chat
+from support import TOOLS, VLLM_HEADERS, detokenize, stored_rollout, tokenize_chat
 
 THINK_THEN_CALL = r'<think>[a-z]{2,6}</think><tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
 TURNS = 5
@@ -68,7 +68,7 @@ def test_exact_mode_extends_every_turn_token_for_token_and_merges(start_gateway,
     assert [r["finish_reason"] for r in replies] == ["tool_calls"] * TURNS
     assert all(json.loads(r["tool_calls"][0]["function"]["arguments"]) == {"path": "/tmp"} for r in replies)
     assert all(r["content"].startswith("<think>") and r["content"].endswith("</think>") for r in replies)
-    turns = stored_rollout(db_url, rollout["rollout_id"])["turns"]
+    turns = stored_rollout(gateway, rollout["rollout_id"])["turns"]
     assert [t["splice"] for t in turns] == ["render"] + ["exact"] * (TURNS - 1)
     assert [t["parent_turn"] for t in turns] == [None, 0, 1, 2, 3]
     for previous, turn in zip(turns, turns[1:]):
@@ -95,7 +95,7 @@ def test_pass_through_on_a_think_stripping_template_drifts_and_does_not_merge(st
     run_agent(rollout["base_url"], stream=False)
     httpx.post(f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0})
 
-    turns = stored_rollout(db_url, rollout["rollout_id"])["turns"]
+    turns = stored_rollout(gateway, rollout["rollout_id"])["turns"]
     assert [t["splice"] for t in turns] == [None] * TURNS
     assert [t["parent_turn"] for t in turns] == [None, 0, 1, 2, 3]
     assert all(t["drift_tokens"] > 0 for t in turns[1:])
@@ -111,7 +111,7 @@ def test_rollout_can_choose_exact_mode_and_a_cut_reply_falls_back_to_the_plain_r
     messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "More"}]
     second = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
 
-    turns = stored_rollout(db_url, rollout["rollout_id"])["turns"]
+    turns = stored_rollout(gateway, rollout["rollout_id"])["turns"]
     assert rollout["mode"] == "exact"
     assert first.choices[0].finish_reason == second.choices[0].finish_reason == "length"
     assert [t["splice"] for t in turns] == ["render", "fallback: parent reply ended with finish_reason=length"]
@@ -132,7 +132,7 @@ def test_edited_history_in_exact_mode_forks_and_splices_nothing(start_gateway, d
     summary = [{"role": "user", "content": "Summary: we talked about /tmp."}, {"role": "user", "content": "And?"}]
     agent.chat.completions.create(model="tiny", messages=summary, max_tokens=5, temperature=0)
 
-    turns = stored_rollout(db_url, rollout["rollout_id"])["turns"]
+    turns = stored_rollout(gateway, rollout["rollout_id"])["turns"]
     assert [t["splice"] for t in turns] == ["render", "exact", "render"]
     assert [(t["parent_turn"], t["forked_from"]) for t in turns] == [(None, None), (0, None), (None, None)]
     assert turns[2]["prompt_token_ids"] == tokenize_chat(vllm, summary)
@@ -155,12 +155,13 @@ def test_backend_without_token_endpoints_is_reported_and_served_in_pass_through(
     direct = httpx.post(
         vllm.url + "/v1/chat/completions",
         json={"model": "tiny", "messages": messages, **sampling, "return_token_ids": True},
+        headers=VLLM_HEADERS,
         timeout=60,
     ).json()
 
     log = chained.log_path.read_text()
     assert f"backend {upstream} does not serve vLLM's render/generate endpoints" in log
-    turn = stored_rollout(db_url, "r")["turns"][0]
+    turn = stored_rollout(chained, "r")["turns"][0]
     assert (turn["splice"], turn["status"]) == (None, "ok")
     assert turn["prompt_token_ids"] == tokenize_chat(vllm, messages) == direct["prompt_token_ids"]
     assert turn["completion_token_ids"] == direct["choices"][0]["token_ids"]

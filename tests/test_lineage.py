@@ -37,7 +37,7 @@ def test_each_turn_records_its_parent_and_exact_drift(gateway, vllm, db_url, rol
         reply = chat(gateway, rollout_id, messages, structured_outputs={"regex": LS_TMP_REGEX})
         messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "a.txt"}]
 
-    turns = stored_rollout(db_url, rollout_id)["turns"]
+    turns = stored_rollout(gateway, rollout_id)["turns"]
     assert [(t["parent_turn"], t["forked_from"]) for t in turns] == [(None, None), (0, None), (1, None)]
     assert turns[0]["drift_tokens"] is None
     for parent, turn in zip(turns, turns[1:]):
@@ -52,11 +52,11 @@ def test_turn_that_reproduces_its_parent_exactly_has_zero_drift(gateway, vllm, d
     agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
     first = agent.completions.create(model="tiny", prompt=tokenize_chat(vllm, [{"role": "user", "content": "Hi"}]),
                                      max_tokens=5, extra_body={"min_tokens": 5})
-    stored = stored_rollout(db_url, rollout_id)["turns"][0]
+    stored = stored_rollout(gateway, rollout_id)["turns"][0]
     extended = stored["prompt_token_ids"] + stored["completion_token_ids"] + [198]
     agent.completions.create(model="tiny", prompt=extended, max_tokens=3)
 
-    second = stored_rollout(db_url, rollout_id)["turns"][1]
+    second = stored_rollout(gateway, rollout_id)["turns"][1]
     assert first.choices[0].text
     assert (second["parent_turn"], second["drift_tokens"], second["prefix_tokens"]) == (0, 0, len(extended) - 1)
     assert second["prompt_token_ids"] == extended
@@ -70,7 +70,7 @@ def test_edited_history_forks_a_new_chain_and_keeps_exact_prompts(gateway, vllm,
     edited = [system, {"role": "user", "content": "A summary of everything so far."}]
     chat(gateway, rollout_id, edited)
 
-    turns = stored_rollout(db_url, rollout_id)["turns"]
+    turns = stored_rollout(gateway, rollout_id)["turns"]
     assert [(t["parent_turn"], t["forked_from"]) for t in turns] == [(None, None), (0, None), (None, 1)]
     assert turns[2]["drift_tokens"] is None
     assert turns[2]["messages"] == edited

@@ -28,7 +28,7 @@ def test_two_replicas_writing_one_rollout_never_collide(start_gateway, databases
 
     asyncio.run(waves())
 
-    turns = stored_rollout(db_url, rollout_id)["turns"]
+    turns = stored_rollout(replicas[0], rollout_id)["turns"]
     assert [t["index"] for t in turns] == list(range(24))
     assert {t["status"] for t in turns} == {"ok"}
     prompt = tokenize_chat(vllm, messages)

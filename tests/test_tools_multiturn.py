@@ -27,7 +27,7 @@ def test_forced_tool_call_is_parsed_for_the_agent_and_stored_with_its_markup_ids
     call = reply.choices[0].message.tool_calls[0]
     assert reply.choices[0].finish_reason == "tool_calls"
     assert (call.function.name, json.loads(call.function.arguments)) == ("ls", {"path": "/tmp"})
-    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    turn = stored_rollout(gateway, rollout_id)["turns"][0]
     assert turn["finish_reason"] == "tool_calls"
     assert turn["tool_calls"][0]["function"]["name"] == "ls"
     assert json.loads(turn["tool_calls"][0]["function"]["arguments"]) == {"path": "/tmp"}
@@ -44,7 +44,7 @@ def test_streamed_tool_call_is_assembled_like_the_whole_one(gateway, db_url, rol
     )
     finish = [chunk.choices[0].finish_reason for chunk in stream if chunk.choices and chunk.choices[0].finish_reason]
 
-    turn = stored_rollout(db_url, rollout_id)["turns"][0]
+    turn = stored_rollout(gateway, rollout_id)["turns"][0]
     assert finish == ["tool_calls"]
     assert [c["function"]["name"] for c in turn["tool_calls"]] == ["ls"]
     assert json.loads(turn["tool_calls"][0]["function"]["arguments"]) == {"path": "/tmp"}
@@ -79,7 +79,7 @@ def run_tool_agent(client: openai.OpenAI, turns: int, stream: bool) -> list[list
 def test_multi_turn_tool_rollout_stores_every_prompt_exactly(gateway, vllm, db_url, rollout_id):
     sent = run_tool_agent(agent(gateway, rollout_id), turns=3, stream=False)
 
-    turns = stored_rollout(db_url, rollout_id)["turns"]
+    turns = stored_rollout(gateway, rollout_id)["turns"]
     assert [t["index"] for t in turns] == [0, 1, 2]
     for turn, messages in zip(turns, sent):
         assert turn["messages"] == messages
@@ -91,7 +91,7 @@ def test_multi_turn_tool_rollout_stores_every_prompt_exactly(gateway, vllm, db_u
 def test_streamed_multi_turn_rollout_stores_the_same_prompts(gateway, vllm, db_url, rollout_id):
     sent = run_tool_agent(agent(gateway, rollout_id), turns=3, stream=True)
 
-    turns = stored_rollout(db_url, rollout_id)["turns"]
+    turns = stored_rollout(gateway, rollout_id)["turns"]
     for turn, messages in zip(turns, sent):
         assert turn["prompt_token_ids"] == tokenize_chat(vllm, messages, TOOLS)
 
@@ -99,7 +99,7 @@ def test_streamed_multi_turn_rollout_stores_the_same_prompts(gateway, vllm, db_u
 def test_turns_store_only_what_is_new_against_their_parent(gateway, db_url, rollout_id):
     run_tool_agent(agent(gateway, rollout_id), turns=3, stream=False)
 
-    full = stored_rollout(db_url, rollout_id)["turns"]
+    full = stored_rollout(gateway, rollout_id)["turns"]
     engine = make_engine(db_url)
     with engine.connect() as conn:
         rows = conn.execute(

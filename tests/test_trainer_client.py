@@ -38,7 +38,7 @@ def test_samples_are_the_stored_turns_token_for_token(store):
         (rid, step, step, step == 2) for rid in ids for step in range(3)
     ]
     for sample in batch.samples:
-        turn = stored_rollout(db_url, sample.rollout_id)["turns"][sample.turn_index]
+        turn = stored_rollout(gateway, sample.rollout_id)["turns"][sample.turn_index]
         assert sample.prompt_ids.tolist() == turn["prompt_token_ids"]
         assert sample.completion_ids.tolist() == turn["completion_token_ids"]
         assert sample.logprobs.tolist() == turn["completion_logprobs"]
@@ -152,7 +152,7 @@ def test_stale_rollouts_are_skipped_and_counted(start_gateway, databases, db_kin
     assert [s.rollout_id for s in batch.samples] == [fresh]
     assert batch.samples[0].policy_version == "4"
     assert batch.counts["skipped_stale"] == 1
-    assert stored_rollout(db_url, stale)["skip_reason"] == "stale"
+    assert stored_rollout(old, stale)["skip_reason"] == "stale"
 
 
 def test_release_makes_claimed_rollouts_claimable_again(store):
@@ -214,7 +214,7 @@ def test_export_jsonl_writes_documented_fields_and_claims_nothing(store, tmp_pat
                   "policy_version"):
         assert field in lines[0]
     assert lines[1]["loss_mask"] == [0] * len(lines[1]["prompt_ids"]) + [1] * 4
-    assert stored_rollout(db_url, rollout)["claimed_by"] is None
+    assert stored_rollout(gateway, rollout)["claimed_by"] is None
     assert len(client.claim("t", 0)) == 2
 
 
@@ -306,13 +306,13 @@ def test_merged_sample_joins_an_exact_chain_and_keeps_every_completion_token(sto
     batch = client.read(SampleOptions(merged=True))
     assert batch.metrics()["tokens"] == len(sample.input_ids) < sum(len(s.input_ids) for s in steps)
     assert batch.padded()["loss_mask"][0].sum() == 9
-    assert stored_rollout(db_url, rollout)["turns"][2]["drift_tokens"] == 0
+    assert stored_rollout(gateway, rollout)["turns"][2]["drift_tokens"] == 0
 
 
 def test_merging_refuses_turns_that_drift(store):
     gateway, client, db_url = store
     rollout = run_rollout(gateway, "g", reward=1.0, turns=3)
-    drifts = [t["drift_tokens"] for t in stored_rollout(db_url, rollout)["turns"]]
+    drifts = [t["drift_tokens"] for t in stored_rollout(gateway, rollout)["turns"]]
 
     merged = client.read(SampleOptions(merged=True)).samples
 
@@ -358,14 +358,14 @@ def test_a_killed_trainers_claims_return_after_its_lease(store):
     assert doomed.stdout.readline() == "2\n"
     doomed.kill()
     doomed.wait(timeout=30)
-    lease_until = stored_rollout(db_url, rollouts[0])["lease_until"]
+    lease_until = stored_rollout(gateway, rollouts[0])["lease_until"]
 
     assert len(client.claim("survivor", 0)) == 0  # the lease still holds
     time.sleep(max(lease_until - time.time(), 0) + 0.1)
     batch = client.claim("survivor", 0)
 
     assert sorted(batch.rollout_ids) == sorted(rollouts)
-    assert [stored_rollout(db_url, r)["claimed_by"] for r in rollouts] == ["survivor", "survivor"]
+    assert [stored_rollout(gateway, r)["claimed_by"] for r in rollouts] == ["survivor", "survivor"]
 
 
 def test_a_committed_claim_is_kept_after_its_lease(store):
@@ -377,7 +377,7 @@ def test_a_committed_claim_is_kept_after_its_lease(store):
     time.sleep(0.6)
 
     assert len(client.claim("t2", 0)) == 0
-    assert [stored_rollout(db_url, r)["lease_until"] for r in rollouts] == [None, None]
+    assert [stored_rollout(gateway, r)["lease_until"] for r in rollouts] == [None, None]
 
 
 def test_a_renewed_lease_keeps_the_claim_past_its_first_term(store):

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sqlalchemy import text
 
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write step-wise samples of ready groups (claims nothing)")
     export.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
     export.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
-    export.add_argument("--output", "-o", required=True, help="file to write")
+    export.add_argument("--output", "-o", required=True, help="file to write; - for standard output")
     export.add_argument("--include-errors", action="store_true", help="keep rollouts with failed turns, masked")
     export.add_argument("--no-std", action="store_true", help="advantages centred but not divided by the std")
     export.add_argument(
@@ -56,10 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gateway.store.database import SchemaMismatch
+    from gateway.store.database import SchemaMismatch, check_url
 
     args = build_parser().parse_args(argv)
     command = {"stats": _stats, "export": _export, "eval": _eval, "tail": _tail}[args.command]
+    try:
+        check_url(args.db)
+    except ValueError as exc:
+        print(f"trainer-client: --db: {exc}", file=sys.stderr)
+        return 2
     try:
         return command(args)
     except SchemaMismatch as exc:
@@ -117,7 +122,12 @@ def _export(args: argparse.Namespace) -> int:
         normalize_std=not args.no_std,
         merged=args.merged,
     )
-    sink = _JsonlSink(Path(args.output)) if args.format == "jsonl" else _ParquetSink(Path(args.output))
+    to_stdout = args.output == "-"
+    if to_stdout and args.format == "parquet" and sys.stdout.isatty():
+        print("trainer-client: refusing to write parquet to a terminal; redirect it or use -o FILE", file=sys.stderr)
+        return 2
+    target: Any = sys.stdout.buffer if to_stdout else Path(args.output)
+    sink = _JsonlSink(target) if args.format == "jsonl" else _ParquetSink(target)
     written = 0
     with TrainerClient(args.db) as client:
         with client.engine.connect() as conn:
@@ -128,26 +138,30 @@ def _export(args: argparse.Namespace) -> int:
                 written += len(batch.samples)
                 progress.update(batch.counts.get("groups", 0) + batch.counts.get("dropped_groups", 0))
     sink.close()
-    print(f"wrote {written} samples to {args.output}", file=sys.stderr)
+    print(f"wrote {written} samples to {'standard output' if to_stdout else args.output}", file=sys.stderr)
     return 0
 
 
 class _JsonlSink:
-    def __init__(self, path: Path) -> None:
-        self._file = open(path, "wb")
+    def __init__(self, target: Path | BinaryIO) -> None:
+        self._owned = isinstance(target, Path)
+        self._file: BinaryIO = open(target, "wb") if isinstance(target, Path) else target
 
     def write(self, records: list[dict[str, Any]]) -> None:
         self._file.writelines(json.dumps(record).encode() + b"\n" for record in records)
 
     def close(self) -> None:
-        self._file.close()
+        if self._owned:
+            self._file.close()
+        else:
+            self._file.flush()
 
 
 class _ParquetSink:
     """One row group per batch, so that exports larger than memory stream to disk."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, target: Path | BinaryIO) -> None:
+        self._target = target
         self._writer: Any = None
 
     def write(self, records: list[dict[str, Any]]) -> None:
@@ -160,7 +174,7 @@ class _ParquetSink:
             record["reward_components"] = json.dumps(record["reward_components"])
         table = pa.Table.from_pylist(records)
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self._path, table.schema)
+            self._writer = pq.ParquetWriter(self._target, table.schema)
         self._writer.write_table(table.cast(self._writer.schema))
 
     def close(self) -> None:

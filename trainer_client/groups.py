@@ -3,8 +3,9 @@
 A group is ready when all its rollouts are finished, or when `group_timeout` seconds have passed since its
 first rollout was created (then its finished rollouts are served and the unfinished ones are marked `late`).
 A rollout is trainable when it finished `completed` or `truncated`, has a reward, is not stale, and had no
-error or cancelled turn (with `include_errors` such a rollout is kept, masked: it counts in its group's
-statistics but carries no loss). A group with no trainable rollout is dropped, never served empty.
+error or cancelled turn that the client did not retry (with `include_errors` such a rollout is kept, masked:
+it counts in its group's statistics but carries no loss). Turns refused by a rollout limit end a trajectory
+without spoiling it. A group with no trainable rollout is dropped, never served empty.
 """
 
 from __future__ import annotations
@@ -120,8 +121,16 @@ def load_rollouts(conn: Connection, rollout_rows: list[Any]) -> list[RolloutInfo
     }
     if not infos:
         return []
-    t = schema.turns
-    bad = func.sum(case((t.c.status != schema.TURN_OK, 1), else_=0))
+    t, retry = schema.turns, schema.turns.alias("retry")
+    # A failed call counts unless the client retried it (the retry repeats it), and a call refused by a
+    # rollout limit ended the agent's trajectory rather than spoiling it.
+    retried = (
+        select(retry.c.turn_id)
+        .where(retry.c.rollout_id == t.c.rollout_id, retry.c.retry_of == t.c.turn_index)
+        .exists()
+    )
+    failed = and_(t.c.status.not_in((schema.TURN_OK, schema.TURN_REFUSED)), ~retried)
+    bad = func.sum(case((failed, 1), else_=0))
     per_version = conn.execute(
         select(t.c.rollout_id, t.c.policy_version, func.count(), bad)
         .where(t.c.rollout_id.in_(list(infos)))

@@ -38,6 +38,7 @@ def _turns_by_rollout(conn: Connection, rollout_ids: list[str]) -> dict[str, lis
         select(
             t.c.rollout_id, t.c.turn_index, t.c.status, t.c.parent_turn, t.c.forked_from, t.c.prefix_tokens, t.c.prompt_ids,
             t.c.completion_ids, t.c.completion_logprobs, t.c.policy_version, t.c.finish_reason, t.c.drift_tokens,
+            t.c.retry_of,
         )
         .where(t.c.rollout_id.in_(rollout_ids))
         .order_by(t.c.rollout_id, t.c.turn_index)
@@ -51,6 +52,9 @@ def _turns_by_rollout(conn: Connection, rollout_ids: list[str]) -> dict[str, lis
 def _steps(info: RolloutInfo, rows: list[Any]) -> list[StepSample]:
     full = rebuild(rows)
     steps = [row for row in rows if row["completion_ids"]]
+    # A client's retry repeats an earlier attempt: the agent went on with the retry's reply, so the attempt
+    # it repeats carries no loss (it is never trained on twice).
+    retried = {row["retry_of"] for row in rows if row["retry_of"] is not None}
     return [
         StepSample(
             rollout_id=info.rollout_id,
@@ -66,7 +70,7 @@ def _steps(info: RolloutInfo, rows: list[Any]) -> list[StepSample]:
             advantage=info.advantage,
             policy_version=row["policy_version"],
             finish_reason=row["finish_reason"],
-            masked=info.masked or row["status"] != schema.TURN_OK,
+            masked=info.masked or row["status"] != schema.TURN_OK or row["turn_index"] in retried,
             parent_turn=row["parent_turn"],
             drift_tokens=row["drift_tokens"],
         )

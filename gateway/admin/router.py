@@ -1,32 +1,22 @@
-"""HTTP routes of the admin API, behind a bearer token when `--admin-token` is set."""
+"""HTTP routes of the admin API, behind the admin token (else the control token) when one is set."""
 
 from __future__ import annotations
 
-import hmac
-
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 
 from gateway.admin import service
 from gateway.admin.protocol import AdminState, PauseRequest, PolicyVersionRequest
-from gateway.errors import ApiError
-from gateway.state import GatewayState, get_state
+from gateway.auth import require_admin
+from gateway.errors import error_responses
+from gateway.state import GatewayState
+
+router = APIRouter(prefix="/admin", tags=["admin"], responses=error_responses(401, 502))
 
 
-async def require_admin(request: Request, state: GatewayState = Depends(get_state)) -> GatewayState:
-    token = state.settings.admin_token
-    if token is not None:
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            raise ApiError(401, "the admin API needs the gateway's admin token (Authorization: Bearer ...)", "unauthorized")
-    return state
-
-
-router = APIRouter(prefix="/admin")
-
-
-@router.post("/pause", response_model=AdminState)
-async def pause(body: PauseRequest, state: GatewayState = Depends(require_admin)) -> AdminState:
-    """Pause the gateway and every backend for a weight update; new agent calls wait."""
+@router.post("/pause", response_model=AdminState, responses=error_responses(400, 422, 504))
+async def pause(body: PauseRequest | None = None, state: GatewayState = Depends(require_admin)) -> AdminState:
+    """Pause the gateway and every backend for a weight update; new agent calls wait (no body: `wait`)."""
+    body = body or PauseRequest()
     return await service.pause(state, body.mode, body.timeout)
 
 
@@ -35,8 +25,10 @@ async def resume(state: GatewayState = Depends(require_admin)) -> AdminState:
     return await service.resume(state)
 
 
-@router.post("/policy_version", response_model=AdminState)
-async def policy_version(body: PolicyVersionRequest, state: GatewayState = Depends(require_admin)) -> AdminState:
+@router.post("/policy_version", response_model=AdminState, responses=error_responses(400, 422))
+async def policy_version(
+    body: PolicyVersionRequest, state: GatewayState = Depends(require_admin)
+) -> AdminState:
     return await service.set_policy_version(state, body.version)
 
 

@@ -28,9 +28,11 @@ class Traffic:
             self.waiting += 1
             try:
                 await asyncio.wait_for(self._open.wait(), self.pause_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise ApiError(
-                    503, f"the gateway is paused for a weight update (waited {self.pause_timeout:.0f} s)", "paused"
+                    503,
+                    f"the gateway is paused for a weight update (waited {self.pause_timeout:.0f} s)",
+                    "paused",
                 ) from None
             finally:
                 self.waiting -= 1
@@ -52,6 +54,6 @@ class Traffic:
         """Wait until no call is in flight; False if some still are after `timeout` seconds."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True

@@ -12,6 +12,16 @@ FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
 
 
+class RolloutLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: Annotated[int, Field(strict=True, ge=1)] | None = None
+    """Model calls the agent may make; the next one is refused (400 `rollout_turn_limit`)."""
+    max_context_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
+    """Prompt + completion tokens of one call; a longer prompt is refused (400 `context_length_exceeded`) and
+    a reply is cut to fit (finish_reason `length`)."""
+
+
 class CreateRolloutRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -21,8 +31,12 @@ class CreateRolloutRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     mode: Literal["exact", "passthrough"] | None = None
     """Overrides the gateway's --mode for this rollout's turns."""
-    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=32)] | None = None
+    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=32)] | None = (
+        None
+    )
     """Free labels; "eval" marks an evaluation rollout, never claimed for training."""
+    limits: RolloutLimits | None = None
+    """Override the gateway's default limits (--max-turns, --max-context-tokens) for this rollout."""
 
 
 class RolloutCreated(BaseModel):
@@ -32,9 +46,14 @@ class RolloutCreated(BaseModel):
     metadata: dict[str, Any]
     mode: str
     tags: list[str] | None
+    limits: RolloutLimits | None
     status: str
     created: bool
     base_url: str
+    """What the agent's OPENAI_BASE_URL should be."""
+    api_key: str | None
+    """With --rollout-keys: the agent's key for this rollout (its OPENAI_API_KEY), shown once, at creation
+    (201); a repeated creation (200) answers null. Without --rollout-keys: null."""
 
 
 class RewardRequest(BaseModel):
@@ -74,3 +93,82 @@ class RolloutFinished(BaseModel):
     reward_components: dict[str, float] | None
     created_at: float
     finished_at: float | None
+
+
+class RewardView(BaseModel):
+    turn_index: int | None
+    value: float
+    components: dict[str, float] | None
+    created_at: float
+
+
+class TurnView(BaseModel):
+    """A turn as `GET /rollouts/{id}` shows it; token arrays and messages only when asked for."""
+
+    index: int
+    status: Literal["ok", "error", "cancelled", "refused"]
+    error: str | None
+    http_status: int | None
+    endpoint: str
+    model: str | None
+    stream: bool
+    backend: str | None
+    policy_version: str | None
+    policy_version_end: str | None
+    weight_versions: list[dict[str, Any]] | None
+    content: str | None
+    reasoning: str | None
+    tool_calls: list[dict[str, Any]] | None
+    finish_reason: str | None
+    choice_index: int
+    attempt: int
+    retry_of: int | None
+    parent_turn: int | None
+    forked_from: int | None
+    prefix_tokens: int
+    drift_tokens: int | None
+    splice: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    started_at: float
+    first_token_at: float | None
+    finished_at: float
+    latency_s: float
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float | None] | None = None
+    """The engine's sampling logprobs; null where it gave -inf."""
+    messages: list[dict[str, Any]] | None = None
+    prompt_text: str | None = None
+    tools: list[Any] | None = None
+    params: dict[str, Any] | None = None
+
+
+class RolloutView(BaseModel):
+    rollout_id: str
+    group_id: str
+    task_id: str | None
+    metadata: dict[str, Any]
+    status: str
+    reward: float | None
+    reward_components: dict[str, float] | None
+    rewards: list[RewardView]
+    created_at: float
+    finished_at: float | None
+    claimed_by: str | None
+    claim_step: int | None
+    skip_reason: str | None
+    lease_until: float | None
+    mode: str | None
+    tags: list[str] | None
+    limits: RolloutLimits | None
+    end_reason: str | None
+    """The limit that stopped the rollout's agent, if one did."""
+    turns: list[TurnView]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    policy_version: str
+    backends: list[str]

@@ -1,29 +1,32 @@
-"""HTTP routes of the control API: create rollouts, post rewards, finish, inspect; health and metrics."""
+"""HTTP routes of the control API: create rollouts, post rewards, finish, inspect (behind the control token
+when one is set); health and metrics (open)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
 from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from gateway import __version__
+from gateway.auth import key_hash, new_rollout_key, require_control
 from gateway.control.protocol import (
     CreateRolloutRequest,
     FinishRequest,
+    Health,
     RewardRecorded,
     RewardRequest,
     RolloutCreated,
     RolloutFinished,
+    RolloutLimits,
+    RolloutView,
 )
-from gateway.errors import ApiError
+from gateway.encoding import JsonResponse
+from gateway.errors import ApiError, error_responses
 from gateway.ids import check_rollout_id, new_id
 from gateway.state import GatewayState, get_state
-from gateway.store.records import NewRollout, Reward
+from gateway.store.records import Limits, NewRollout, Reward
 
-router = APIRouter()
+router = APIRouter(tags=["control"], responses=error_responses(400, 401, 422))
 
 
 def agent_base_url(state: GatewayState, request: Request, rollout_id: str) -> str:
@@ -31,12 +34,26 @@ def agent_base_url(state: GatewayState, request: Request, rollout_id: str) -> st
     return f"{root}/rollouts/{rollout_id}/v1"
 
 
-@router.post("/rollouts", status_code=201, response_model=RolloutCreated)
+@router.post("/rollouts", status_code=201, response_model=RolloutCreated, responses=error_responses(409))
 async def create_rollout(
-    body: CreateRolloutRequest, request: Request, response: Response, state: GatewayState = Depends(get_state)
+    body: CreateRolloutRequest,
+    request: Request,
+    response: Response,
+    state: GatewayState = Depends(require_control),
 ) -> RolloutCreated:
-    """Create a rollout (idempotent on `rollout_id`) and return the base URL to hand to the agent."""
-    new = NewRollout(body.rollout_id or new_id(), body.group_id, body.task_id, body.metadata, body.mode, body.tags)
+    """Create a rollout (idempotent on `rollout_id`) and return the base URL (and key) to hand to the agent."""
+    key = new_rollout_key() if state.settings.rollout_keys else None
+    limits = Limits(**body.limits.model_dump()) if body.limits is not None else Limits()
+    new = NewRollout(
+        body.rollout_id or new_id(),
+        body.group_id,
+        body.task_id,
+        body.metadata,
+        body.mode,
+        body.tags,
+        api_key_hash=key_hash(key) if key is not None else None,
+        limits=limits,
+    )
     row, created = await state.store.writer.create_rollout(new)
     if not created:
         response.status_code = 200
@@ -47,15 +64,17 @@ async def create_rollout(
         metadata=row["metadata"],
         mode=row["mode"] or state.settings.mode,
         tags=row["tags"],
+        limits=RolloutLimits(**row["limits"]) if row["limits"] else None,
         status=row["status"],
         created=created,
         base_url=agent_base_url(state, request, row["rollout_id"]),
+        api_key=key if created else None,
     )
 
 
-@router.post("/rollouts/{rollout_id}/reward", response_model=RewardRecorded)
+@router.post("/rollouts/{rollout_id}/reward", response_model=RewardRecorded, responses=error_responses(404))
 async def post_reward(
-    rollout_id: str, body: RewardRequest, state: GatewayState = Depends(get_state)
+    rollout_id: str, body: RewardRequest, state: GatewayState = Depends(require_control)
 ) -> RewardRecorded:
     """Record a reward for the rollout, or for one of its turns when `turn_index` is given."""
     check_rollout_id(rollout_id)
@@ -65,23 +84,26 @@ async def post_reward(
     )
 
 
-@router.post("/rollouts/{rollout_id}/finish", response_model=RolloutFinished)
+@router.post(
+    "/rollouts/{rollout_id}/finish", response_model=RolloutFinished, responses=error_responses(404, 409)
+)
 async def finish_rollout(
-    rollout_id: str, body: FinishRequest, state: GatewayState = Depends(get_state)
+    rollout_id: str, body: FinishRequest | None = None, state: GatewayState = Depends(require_control)
 ) -> RolloutFinished:
-    """Close the rollout; a second finish is a 409."""
+    """Close the rollout (status `completed` without a body); a second finish is a 409."""
     check_rollout_id(rollout_id)
+    body = body or FinishRequest()
     reward = Reward(body.reward, body.components) if body.reward is not None else None
     row = await state.store.writer.finish_rollout(rollout_id, body.status, reward)
     return RolloutFinished(**{name: row[name] for name in RolloutFinished.model_fields})
 
 
-@router.get("/rollouts/{rollout_id}")
+@router.get("/rollouts/{rollout_id}", response_model=RolloutView, responses=error_responses(404))
 async def get_rollout(
     rollout_id: str,
     include_tokens: bool = False,
     include_messages: bool = False,
-    state: GatewayState = Depends(get_state),
+    state: GatewayState = Depends(require_control),
 ) -> Response:
     """The rollout with its turns; token arrays and full message histories only on request."""
     check_rollout_id(rollout_id)
@@ -90,20 +112,25 @@ async def get_rollout(
     )
     if rollout is None:
         raise ApiError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
-    return Response(orjson.dumps(rollout), media_type="application/json")
+    return JsonResponse(rollout)
 
 
-@router.get("/healthz")
-async def healthz(state: GatewayState = Depends(get_state)) -> dict[str, Any]:
-    return {
-        "status": "ok",
-        "version": __version__,
-        "policy_version": state.policy_version,
-        "backends": state.backends.urls,
-    }
+health_router = APIRouter(tags=["health"])
 
 
-@router.get("/metrics")
+@health_router.get("/healthz", response_model=Health)
+async def healthz(state: GatewayState = Depends(get_state)) -> Health:
+    return Health(
+        status="ok", version=__version__, policy_version=state.policy_version, backends=state.backends.urls
+    )
+
+
+@health_router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+)
 async def metrics(state: GatewayState = Depends(get_state)) -> Response:
+    """Prometheus metrics (no secrets: counts, latencies and token totals only)."""
     state.metrics.commits.set(state.store.writer.commits)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

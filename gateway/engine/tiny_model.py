@@ -54,11 +54,11 @@ log = logging.getLogger(__name__)
 __all__ = [
     "ADDED_TOKENS",
     "CHAT_TEMPLATE",
-    "THINK_STRIPPING_CHAT_TEMPLATE",
     "EOS_TOKEN",
     "MODEL_FILES",
     "PAD_TOKEN",
     "SPECIAL_TOKENS",
+    "THINK_STRIPPING_CHAT_TEMPLATE",
     "VOCAB_SIZE",
     "build_tiny_model",
 ]
@@ -76,9 +76,7 @@ ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 
 # Qwen2's pre-tokeniser split (transformers' Qwen2Tokenizer): letters with one leading non-letter, single
 # digits, punctuation runs, newlines, spaces.
-QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 VOCAB_SIZE = 2048  # tokenizer size == model vocabulary size
 CORPUS_SEED = 20240611
 WEIGHTS_SEED = 0
@@ -242,23 +240,23 @@ for name in sorted(os.listdir("/tmp")):
     print(f"{name}: {Path('/tmp', name).stat().st_size} bytes")
 '''
 
-_WORDS = (
-    "the a an of to in and or for with on at by from as is are was were be been it this that these those "
-    "agent model token tokens prompt completion request response server client engine gateway trainer "
-    "policy reward rollout turn session message messages tool tools call calls result results function "
-    "arguments name path file files directory list read write search query answer question user system "
-    "assistant content text value values key keys index number string object array true false null none "
-    "weather city temperature time date today tomorrow price stock email send open close start stop run "
-    "error warning info debug status code output input data table row column database store commit "
-    "version weights update sync pause resume stream chunk event line json yaml http url port host "
-    "python function class method return import print def self test check verify compute sum count "
-    "first second third last next previous new old big small fast slow good bad more less all some "
-    "please thank you hello world yes no maybe can could would should will shall may might must"
-).split()
+_WORDS = ["the", "a", "an", "of", "to", "in", "and", "or", "for", "with", "on", "at", "by", "from", "as", "is", "are", "was", "were", "be", "been", "it", "this", "that", "these", "those", "agent", "model", "token", "tokens", "prompt", "completion", "request", "response", "server", "client", "engine", "gateway", "trainer", "policy", "reward", "rollout", "turn", "session", "message", "messages", "tool", "tools", "call", "calls", "result", "results", "function", "arguments", "name", "path", "file", "files", "directory", "list", "read", "write", "search", "query", "answer", "question", "user", "system", "assistant", "content", "text", "value", "values", "key", "keys", "index", "number", "string", "object", "array", "true", "false", "null", "none", "weather", "city", "temperature", "time", "date", "today", "tomorrow", "price", "stock", "email", "send", "open", "close", "start", "stop", "run", "error", "warning", "info", "debug", "status", "code", "output", "input", "data", "table", "row", "column", "database", "store", "commit", "version", "weights", "update", "sync", "pause", "resume", "stream", "chunk", "event", "line", "json", "yaml", "http", "url", "port", "host", "python", "function", "class", "method", "return", "import", "print", "def", "self", "test", "check", "verify", "compute", "sum", "count", "first", "second", "third", "last", "next", "previous", "new", "old", "big", "small", "fast", "slow", "good", "bad", "more", "less", "all", "some", "please", "thank", "you", "hello", "world", "yes", "no", "maybe", "can", "could", "would", "should", "will", "shall", "may", "might", "must"]
 
 _TOOL_NAMES = (
-    "ls", "cat", "grep", "search", "get_weather", "read_file", "write_file", "run_python", "http_get",
-    "calculator", "send_email", "list_dir", "sql_query", "lookup",
+    "ls",
+    "cat",
+    "grep",
+    "search",
+    "get_weather",
+    "read_file",
+    "write_file",
+    "run_python",
+    "http_get",
+    "calculator",
+    "send_email",
+    "list_dir",
+    "sql_query",
+    "lookup",
 )
 _ARG_KEYS = ("path", "query", "city", "expression", "url", "content", "pattern", "limit", "to", "code")
 
@@ -321,13 +319,16 @@ def _train_tokenizer():
     # Exactly the pipeline that transformers 5 rebuilds for any ``model_type: qwen2`` directory (it ignores
     # tokenizer.json's normaliser and pre-tokeniser and uses Qwen2Tokenizer's), so that the raw
     # ``tokenizers`` library, transformers 4 and 5 and vLLM all produce the same ids.
-    tok = Tokenizer(models.BPE(continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
-                               byte_fallback=False))
+    tok = Tokenizer(
+        models.BPE(continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+    )
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     n_added = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
     trainer = trainers.BpeTrainer(
@@ -339,8 +340,10 @@ def _train_tokenizer():
     )
     # The special strings are markup in the corpus, not text to learn merges from.
     corpus = [
-        d.replace("<|im_start|>", "").replace("<|im_end|>", "").replace("<tool_call>", "").replace(
-            "</tool_call>", "")
+        d.replace("<|im_start|>", "")
+        .replace("<|im_end|>", "")
+        .replace("<tool_call>", "")
+        .replace("</tool_call>", "")
         for d in _training_corpus()
     ]
     tok.train_from_iterator(corpus, trainer=trainer)
@@ -362,7 +365,11 @@ def _write_tokenizer(staging: Path) -> dict[str, int]:
     added_decoder = {}
     for t in (*SPECIAL_TOKENS, *ADDED_TOKENS):
         added_decoder[str(ids[t])] = {
-            "content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
             "special": t in SPECIAL_TOKENS,
         }
     config = {
@@ -381,10 +388,14 @@ def _write_tokenizer(staging: Path) -> dict[str, int]:
         "padding_side": "left",
     }
     _write_json(staging / "tokenizer_config.json", config)
-    _write_json(staging / "special_tokens_map.json", {
-        "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN,
-        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
-    })
+    _write_json(
+        staging / "special_tokens_map.json",
+        {
+            "eos_token": EOS_TOKEN,
+            "pad_token": PAD_TOKEN,
+            "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        },
+    )
     (staging / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
     return ids
 
@@ -483,9 +494,14 @@ def _write_model(staging: Path, ids: dict[str, int], seed: int) -> None:
     state = _random_state_dict(config, ids, seed)
     save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
     _write_json(staging / "config.json", config)
-    _write_json(staging / "generation_config.json", {
-        "bos_token_id": ids[PAD_TOKEN], "eos_token_id": ids[EOS_TOKEN], "pad_token_id": ids[PAD_TOKEN],
-    })
+    _write_json(
+        staging / "generation_config.json",
+        {
+            "bos_token_id": ids[PAD_TOKEN],
+            "eos_token_id": ids[EOS_TOKEN],
+            "pad_token_id": ids[PAD_TOKEN],
+        },
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -558,12 +574,15 @@ def build_tiny_model(out_dir: str | Path, *, force: bool = False, weights_seed: 
                 os.replace(staging / name, out / name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        _write_json(out / MARKER, {
-            "fingerprint": fingerprint,
-            "generator_version": GENERATOR_VERSION,
-            "weights_seed": weights_seed,
-            "token_ids": ids,
-            "files": list(MODEL_FILES),
-        })
+        _write_json(
+            out / MARKER,
+            {
+                "fingerprint": fingerprint,
+                "generator_version": GENERATOR_VERSION,
+                "weights_seed": weights_seed,
+                "token_ids": ids,
+                "files": list(MODEL_FILES),
+            },
+        )
         log.info("tiny model ready in %s", out)
     return out

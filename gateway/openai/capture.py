@@ -1,18 +1,19 @@
 """Where engine token ids are captured: the fields injected into the request, their collection from the
-reply (whole or streamed) into a `TurnRecord`, and their removal from what the agent receives.
+reply (whole or streamed) into `TurnRecord`s, and their removal from what the agent receives.
 
 vLLM returns the prompt ids it rendered and every sampled id (EOS and tool-call markup included) when asked
 with `return_token_ids`, and the sampled tokens' logprobs with `logprobs`. The gateway always asks; the agent
-sees them only if it asked itself.
+sees them only if it asked itself. A call with `n > 1` gives one record per choice (same prompt, its own ids).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from gateway.errors import ApiError
 from gateway.store.records import TurnRecord
 from gateway.store.tokens import ID_DTYPE, LOGPROB_DTYPE
 
@@ -27,8 +28,41 @@ class Asked:
     logprobs: bool
 
 
+@dataclass
+class Choice:
+    """One choice of the reply as it accumulates (a whole reply's choice, or a stream's deltas)."""
+
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    finish_reason: str | None = None
+
+    def merge_tool_call(self, call: dict[str, Any]) -> None:
+        """Whole tool calls arrive at once; streamed ones as pieces keyed by `index`."""
+        index = call.get("index", len(self.tool_calls))
+        current = self.tool_calls.get(index)
+        if current is None:
+            function = dict(call.get("function") or {})
+            function["arguments"] = function.get("arguments") or ""
+            self.tool_calls[index] = {
+                "id": call.get("id"),
+                "type": call.get("type", "function"),
+                "function": function,
+            }
+            return
+        if call.get("id"):
+            current["id"] = call["id"]
+        piece = call.get("function") or {}
+        if piece.get("name"):
+            current["function"]["name"] = piece["name"]
+        if piece.get("arguments"):
+            current["function"]["arguments"] += piece["arguments"]
+
+
 class TurnCapture:
-    """Collects one turn's ids, logprobs and reply from vLLM's response or stream chunks."""
+    """Collects one call's ids, logprobs and reply from vLLM's response or stream chunks."""
 
     endpoint = ""
     path = ""
@@ -36,10 +70,13 @@ class TurnCapture:
     def __init__(self, record: TurnRecord) -> None:
         self.record = record
         self.prompt_ids: list[int] = []
-        self.completion_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.content: list[str] = []
-        self.finish_reason: str | None = None
+        self.choices: dict[int, Choice] = {}
+
+    def choice(self, index: int = 0) -> Choice:
+        found = self.choices.get(index)
+        if found is None:
+            found = self.choices[index] = Choice()
+        return found
 
     @staticmethod
     def request_fields(body: dict[str, Any]) -> dict[str, Any]:
@@ -48,7 +85,8 @@ class TurnCapture:
             "params": {k: v for k, v in body.items() if k not in _REQUEST_PAYLOAD_KEYS},
         }
 
-    def inject(self, body: dict[str, Any]) -> tuple[dict[str, Any], Asked]:
+    def inject(self, body: dict[str, Any], parsed: Any) -> tuple[dict[str, Any], Asked]:
+        """The request for vLLM (asking for ids and logprobs), and what the agent asked for itself."""
         raise NotImplementedError
 
     def feed(self, payload: dict[str, Any]) -> None:
@@ -57,9 +95,10 @@ class TurnCapture:
         if prompt:
             self.prompt_ids = prompt
         for choice in payload.get("choices") or ():
-            self._feed_choice(choice)
+            index = choice.get("index")
+            self._feed_choice(self.choice(index if isinstance(index, int) else 0), choice)
 
-    def _feed_choice(self, choice: dict[str, Any]) -> None:
+    def _feed_choice(self, into: Choice, choice: dict[str, Any]) -> None:
         raise NotImplementedError
 
     def strip(self, payload: dict[str, Any], asked: Asked) -> None:
@@ -80,96 +119,93 @@ class TurnCapture:
                 if "logprobs" in choice:
                     choice["logprobs"] = None
 
-    def finish(self) -> TurnRecord:
-        record = self.record
-        record.prompt_ids = np.asarray(self.prompt_ids, dtype=ID_DTYPE)
-        record.completion_ids = np.asarray(self.completion_ids, dtype=ID_DTYPE)
+    def finish(self) -> list[TurnRecord]:
+        """One record per choice, in choice order (one, empty, if nothing was generated)."""
+        prompt = np.asarray(self.prompt_ids, dtype=ID_DTYPE)
+        return [self._record(index, prompt) for index in sorted(self.choices) or [0]]
+
+    def _record(self, index: int, prompt: np.ndarray) -> TurnRecord:
+        choice = self.choice(index)
+        record = self.record if index == 0 else replace(self.record, choice_index=index)
+        record.prompt_ids = prompt
+        record.completion_ids = np.asarray(choice.completion_ids, dtype=ID_DTYPE)
         # With `echo` the completions endpoint also returns the prompt's logprobs: keep the sampled ones.
-        sampled = self.logprobs[len(self.logprobs) - len(self.completion_ids) :] if self.completion_ids else []
+        sampled = (
+            choice.logprobs[len(choice.logprobs) - len(choice.completion_ids) :]
+            if choice.completion_ids
+            else []
+        )
         record.completion_logprobs = np.asarray(sampled, dtype=LOGPROB_DTYPE)
-        record.content = "".join(self.content) if self.content else None
-        record.finish_reason = self.finish_reason
+        record.content = "".join(choice.content) if choice.content else None
+        record.reasoning = "".join(choice.reasoning) if choice.reasoning else None
+        record.tool_calls = [choice.tool_calls[i] for i in sorted(choice.tool_calls)] or None
+        record.finish_reason = choice.finish_reason
         return record
+
+
+def _needs_logprobs(body: dict[str, Any]) -> None:
+    """vLLM refuses these without `logprobs`; the gateway always sends `logprobs`, so it refuses them itself,
+    in vLLM's words, rather than hide the client's mistake."""
+    top = body.get("top_logprobs")
+    if isinstance(top, int | float) and (top == -1 or top > 0) and not body.get("logprobs"):
+        message = "when using `top_logprobs`, `logprobs` must be set to true."
+        raise ApiError(400, message, 400, "top_logprobs", "BadRequestError")
+    if body.get("logprob_token_ids") and not body.get("logprobs"):
+        message = "when using `logprob_token_ids`, `logprobs` must be set to true."
+        raise ApiError(400, message, 400, "logprob_token_ids", "BadRequestError")
 
 
 class ChatCapture(TurnCapture):
     endpoint = "chat"
     path = "/v1/chat/completions"
 
-    def __init__(self, record: TurnRecord) -> None:
-        super().__init__(record)
-        self.reasoning: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
-
-    def inject(self, body: dict[str, Any]) -> tuple[dict[str, Any], Asked]:
-        asked = Asked(token_ids=body.get("return_token_ids") is True, logprobs=body.get("logprobs") is True)
+    def inject(self, body: dict[str, Any], parsed: Any) -> tuple[dict[str, Any], Asked]:
+        asked = Asked(token_ids=parsed.return_token_ids is True, logprobs=parsed.logprobs is True)
+        _needs_logprobs(body)
         upstream = dict(body)
         upstream["return_token_ids"] = True
         upstream["logprobs"] = True
         return upstream, asked
 
-    def _feed_choice(self, choice: dict[str, Any]) -> None:
+    def _feed_choice(self, into: Choice, choice: dict[str, Any]) -> None:
         if choice.get("token_ids"):
-            self.completion_ids.extend(choice["token_ids"])
+            into.completion_ids.extend(choice["token_ids"])
         logprobs = choice.get("logprobs")
         if logprobs and logprobs.get("content"):
-            self.logprobs.extend(item["logprob"] for item in logprobs["content"])
+            into.logprobs.extend(item["logprob"] for item in logprobs["content"])
         message = choice.get("message") or choice.get("delta") or {}
         if message.get("content"):
-            self.content.append(message["content"])
+            into.content.append(message["content"])
         reasoning = message.get("reasoning") or message.get("reasoning_content")
         if reasoning:
-            self.reasoning.append(reasoning)
+            into.reasoning.append(reasoning)
         for call in message.get("tool_calls") or ():
-            self._merge_tool_call(call)
+            into.merge_tool_call(call)
         if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
-
-    def _merge_tool_call(self, call: dict[str, Any]) -> None:
-        """Whole tool calls arrive at once; streamed ones as pieces keyed by `index`."""
-        index = call.get("index", len(self.tool_calls))
-        current = self.tool_calls.get(index)
-        if current is None:
-            function = dict(call.get("function") or {})
-            function["arguments"] = function.get("arguments") or ""
-            self.tool_calls[index] = {"id": call.get("id"), "type": call.get("type", "function"), "function": function}
-            return
-        if call.get("id"):
-            current["id"] = call["id"]
-        piece = call.get("function") or {}
-        if piece.get("name"):
-            current["function"]["name"] = piece["name"]
-        if piece.get("arguments"):
-            current["function"]["arguments"] += piece["arguments"]
-
-    def finish(self) -> TurnRecord:
-        record = super().finish()
-        record.reasoning = "".join(self.reasoning) if self.reasoning else None
-        record.tool_calls = [self.tool_calls[i] for i in sorted(self.tool_calls)] or None
-        return record
+            into.finish_reason = choice["finish_reason"]
 
 
 class CompletionCapture(TurnCapture):
     endpoint = "completions"
     path = "/v1/completions"
 
-    def inject(self, body: dict[str, Any]) -> tuple[dict[str, Any], Asked]:
-        asked = Asked(token_ids=body.get("return_token_ids") is True, logprobs=body.get("logprobs") is not None)
+    def inject(self, body: dict[str, Any], parsed: Any) -> tuple[dict[str, Any], Asked]:
+        asked = Asked(token_ids=parsed.return_token_ids is True, logprobs=parsed.logprobs is not None)
         upstream = dict(body)
         upstream["return_token_ids"] = True
         if upstream.get("logprobs") is None:
             upstream["logprobs"] = 0
         return upstream, asked
 
-    def _feed_choice(self, choice: dict[str, Any]) -> None:
+    def _feed_choice(self, into: Choice, choice: dict[str, Any]) -> None:
         if choice.get("prompt_token_ids"):
             self.prompt_ids = choice["prompt_token_ids"]
         if choice.get("token_ids"):
-            self.completion_ids.extend(choice["token_ids"])
+            into.completion_ids.extend(choice["token_ids"])
         logprobs = choice.get("logprobs")
         if logprobs and logprobs.get("token_logprobs"):
-            self.logprobs.extend(logprobs["token_logprobs"])
+            into.logprobs.extend(logprobs["token_logprobs"])
         if choice.get("text"):
-            self.content.append(choice["text"])
+            into.content.append(choice["text"])
         if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
+            into.finish_reason = choice["finish_reason"]

@@ -12,14 +12,15 @@ import time
 from typing import Any
 
 import numpy as np
-import orjson
 from starlette.responses import Response
 
-from gateway.errors import ApiError
+from gateway.encoding import dumps
+from gateway.openai.admission import cap_reply, check_context_limit
 from gateway.openai.capture import Asked, ChatCapture
-from gateway.openai.recording import commit_turn, send_upstream, store_error_turn
+from gateway.openai.recording import commit_turn, post_json
 from gateway.openai.splice import splice
 from gateway.state import GatewayState
+from gateway.store.records import Limits
 from gateway.store.tokens import ID_DTYPE
 
 RENDER = "/v1/chat/completions/render"
@@ -27,19 +28,10 @@ GENERATE = "/inference/v1/generate"
 DERENDER = "/v1/chat/completions/derender"
 
 
-async def _post(state: GatewayState, capture: ChatCapture, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    reply = await send_upstream(state, capture, body, path)
-    try:
-        return orjson.loads(await reply.body())
-    except orjson.JSONDecodeError:
-        await store_error_turn(state, capture, 502, f"backend sent a reply to {path} that is not JSON")
-        raise ApiError(502, f"backend sent a reply to {path} that is not JSON", "backend_error") from None
-
-
 async def prompt_for(state: GatewayState, capture: ChatCapture, body: dict[str, Any]) -> dict[str, Any]:
     """The generate request for this turn: vLLM's own, with the prompt spliced onto the parent's exact ids."""
     render_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    request = await _post(state, capture, RENDER, render_body)
+    request = await post_json(state, capture, render_body, RENDER)
     plain = np.asarray(request["token_ids"], dtype=ID_DTYPE)
     record = capture.record
     record.plain_prompt_ids = plain
@@ -48,8 +40,8 @@ async def prompt_for(state: GatewayState, capture: ChatCapture, body: dict[str, 
         record.splice = "render"
         return request
     history = body["messages"][: len(parent.messages or []) + 1]
-    parent_render = await _post(
-        state, capture, RENDER, {**render_body, "messages": history, "add_generation_prompt": False}
+    parent_render = await post_json(
+        state, capture, {**render_body, "messages": history, "add_generation_prompt": False}, RENDER
     )
     spliced = splice(
         parent.sequence, parent.finish_reason, np.asarray(parent_render["token_ids"], dtype=ID_DTYPE), plain
@@ -59,12 +51,24 @@ async def prompt_for(state: GatewayState, capture: ChatCapture, body: dict[str, 
     return request
 
 
-def generate_body(request: dict[str, Any], body: dict[str, Any], stream: bool) -> dict[str, Any]:
+async def generate_body(
+    state: GatewayState,
+    capture: ChatCapture,
+    request: dict[str, Any],
+    body: dict[str, Any],
+    stream: bool,
+    limits: Limits,
+) -> dict[str, Any]:
+    """The generate request: vLLM's sampling parameters, the agent's reply length, the rollout's context limit."""
     sampling = dict(request["sampling_params"])
     # render leaves out parameters equal to vLLM's defaults (max_tokens=16 among them): restate the agent's.
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     if limit is not None:
         sampling["max_tokens"] = limit
+    if limits.max_context_tokens is not None:
+        capture.prompt_ids = request["token_ids"]
+        room = await check_context_limit(state, capture, len(request["token_ids"]), limits.max_context_tokens)
+        cap_reply(sampling, room)
     if sampling.get("logprobs") is None:
         sampling["logprobs"] = 0
     return {**request, "sampling_params": sampling, "stream": stream, "return_token_ids": False}
@@ -77,7 +81,11 @@ def without_end_token(generated: dict[str, Any]) -> dict[str, Any]:
     if not choices:
         return generated
     choice = choices[0]
-    if choice.get("finish_reason") != "stop" or isinstance(choice.get("stop_reason"), str) or not choice.get("token_ids"):
+    if (
+        choice.get("finish_reason") != "stop"
+        or isinstance(choice.get("stop_reason"), str)
+        or not choice.get("token_ids")
+    ):
         return generated
     trimmed = {**choice, "token_ids": choice["token_ids"][:-1]}
     if choice.get("logprobs") and choice["logprobs"].get("content"):
@@ -85,43 +93,46 @@ def without_end_token(generated: dict[str, Any]) -> dict[str, Any]:
     return {**generated, "choices": [trimmed]}
 
 
-async def forward_exact(state: GatewayState, capture: ChatCapture, body: dict[str, Any], asked: Asked) -> Response:
+async def forward_exact(
+    state: GatewayState, capture: ChatCapture, body: dict[str, Any], asked: Asked, limits: Limits
+) -> Response:
     """A whole (non-streamed) reply in exact mode; `exact_stream` streams."""
     request = await prompt_for(state, capture, body)
-    generated = await _post(state, capture, GENERATE, generate_body(request, body, stream=False))
+    generate = await generate_body(state, capture, request, body, False, limits)
+    generated = await post_json(state, capture, generate, GENERATE)
     prompt = request["token_ids"]
-    payload = await _post(
-        state,
-        capture,
-        DERENDER,
-        {
-            "generate_response": without_end_token(generated),
-            "chat_request": body,
-            "prompt_token_ids": prompt,
-            "prompt_tokens": len(prompt),
-        },
-    )
+    derender = {
+        "generate_response": without_end_token(generated),
+        "chat_request": body,
+        "prompt_token_ids": prompt,
+        "prompt_tokens": len(prompt),
+    }
+    payload = await post_json(state, capture, derender, DERENDER)
     choice, sampled = payload["choices"][0], generated["choices"][0]
     _agent_reply(payload, body, sampled)
     feed_reply(capture, payload)
     capture.prompt_ids = prompt
-    capture.completion_ids = sampled["token_ids"]
+    first = capture.choice(0)
+    first.completion_ids = sampled["token_ids"]
     capture.record.weight_versions = sampled.get("weight_versions")
-    capture.logprobs = [entry["logprob"] for entry in (sampled.get("logprobs") or {}).get("content") or ()]
-    record = capture.finish()
-    record.finished_at = record.first_token_at = time.time()
-    record.http_status = 200
+    first.logprobs = [entry["logprob"] for entry in (sampled.get("logprobs") or {}).get("content") or ()]
+    records = capture.finish()
+    for record in records:
+        record.finished_at = record.first_token_at = time.time()
+        record.http_status = 200
     if asked.token_ids:
         payload["prompt_token_ids"] = prompt
         choice["token_ids"] = sampled["token_ids"]
     capture.strip(payload, asked)
-    await commit_turn(state, record)
-    return Response(orjson.dumps(payload), media_type="application/json")
+    await commit_turn(state, records)
+    return Response(dumps(payload), media_type="application/json")
 
 
 def feed_reply(capture: ChatCapture, reply: dict[str, Any]) -> None:
     """Collect content, reasoning and tool calls from derender; ids and logprobs come from generate."""
-    capture.feed({"choices": [{**c, "token_ids": None, "logprobs": None} for c in reply.get("choices") or ()]})
+    capture.feed(
+        {"choices": [{**c, "token_ids": None, "logprobs": None} for c in reply.get("choices") or ()]}
+    )
 
 
 def _agent_reply(payload: dict[str, Any], body: dict[str, Any], sampled: dict[str, Any]) -> None:

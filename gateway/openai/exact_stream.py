@@ -10,19 +10,22 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from gateway.backend import BackendReply, BackendStreamError
+from gateway.encoding import dumps
 from gateway.errors import ApiError
 from gateway.openai.capture import Asked, ChatCapture
 from gateway.openai.exact import DERENDER, GENERATE, feed_reply, generate_body, prompt_for, without_end_token
-from gateway.openai.recording import StreamFailure, relay_turn, send_upstream
+from gateway.openai.recording import StreamFailure, post_json, relay_turn, send_upstream
 from gateway.openai.sse import sse_batches
 from gateway.state import GatewayState
+from gateway.store.records import Limits
 
 
 async def forward_exact_stream(
-    state: GatewayState, capture: ChatCapture, body: dict[str, Any], asked: Asked
+    state: GatewayState, capture: ChatCapture, body: dict[str, Any], asked: Asked, limits: Limits
 ) -> Response:
     request = await prompt_for(state, capture, body)
-    reply = await send_upstream(state, capture, generate_body(request, body, stream=True), GENERATE)
+    generate = await generate_body(state, capture, request, body, True, limits)
+    reply = await send_upstream(state, capture, generate, GENERATE)
     chunks = _chunks(state, capture, reply, body, request["token_ids"], asked)
     return StreamingResponse(relay_turn(state, capture, reply, chunks), media_type="text/event-stream")
 
@@ -48,11 +51,16 @@ async def _chunks(
                 raise StreamFailure(str(event["error"]))
             if record.first_token_at is None:
                 record.first_token_at = time.time()
+            first_choice = capture.choice(0)
             for choice in event.get("choices") or ():
-                capture.completion_ids.extend(choice.get("token_ids") or ())
+                first_choice.completion_ids.extend(choice.get("token_ids") or ())
                 record.weight_versions = choice.get("weight_versions") or record.weight_versions
-                capture.logprobs.extend(e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or ())
-            chunk, stream_state = await _derender(state, capture, body, prompt, without_end_token(event), stream_state)
+                first_choice.logprobs.extend(
+                    e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or ()
+                )
+            chunk, stream_state = await _derender(
+                state, capture, body, prompt, without_end_token(event), stream_state
+            )
             if chunk is None:
                 chunk = _closing_chunk(event, capture, body)
             feed_reply(capture, chunk)
@@ -63,7 +71,7 @@ async def _chunks(
                     out["token_ids"] = choice.get("token_ids")
             capture.strip(chunk, asked)
             first = False
-            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+            yield b"data: " + dumps(chunk) + b"\n\n"
     except ApiError as exc:  # its error turn was stored where it was raised
         raise StreamFailure(exc.message, stored=True) from exc
     except BackendStreamError as exc:
@@ -132,20 +140,21 @@ async def _derender(
         "prompt_token_ids": prompt,
         "prompt_tokens": len(prompt),
     }
-    reply = await send_upstream(state, capture, request, DERENDER)
-    answer = orjson.loads(await reply.body())
+    answer = await post_json(state, capture, request, DERENDER)
     return answer["chunk"], answer["stream_state"]
 
 
 def _closing_chunk(event: dict[str, Any], capture: ChatCapture, body: dict[str, Any]) -> dict[str, Any]:
     choice = event["choices"][0]
     finish = choice.get("finish_reason")
-    if finish == "stop" and capture.tool_calls and not isinstance(body.get("tool_choice"), dict):
+    if finish == "stop" and capture.choice(0).tool_calls and not isinstance(body.get("tool_choice"), dict):
         finish = "tool_calls"
     return {
         "id": event.get("request_id"),
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": body.get("model"),
-        "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+        "choices": [
+            {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        ],
     }

@@ -1,63 +1,141 @@
-"""What the agent API checks in a request before forwarding it.
+"""The agent API's request and reply models: what `/openapi.json` documents, and what the gateway checks.
 
-Only the fields the gateway relies on are typed; everything else passes through to vLLM untouched, so a
-newer client's extra parameters keep working. The request is forwarded as the agent sent it (plus the
-token-capture fields), never re-serialized from these models.
+Requests are validated as leniently as vLLM validates them (`"stream": "true"`, `"n": 1.0` and nulls are
+accepted, as vLLM accepts them), and forwarded as the agent sent them (plus the token-capture fields), never
+re-serialized from these models: fields not listed here pass through to vLLM untouched, so a newer client's
+extra parameters keep working. Replies are vLLM's own; their models document the fields clients rely on.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field
 
-
-def _single_choice(n: int) -> int:
-    if n != 1:
-        raise ValueError("only n=1 is supported: a turn records one completion; start one rollout per sample")
-    return n
-
-
-SingleChoice = Annotated[StrictInt, AfterValidator(_single_choice)]
-ModelName = Annotated[StrictStr, Field(max_length=256)]
+ModelName = Annotated[str, Field(max_length=256)]
 """As long as the store's `turns.model` column allows."""
+StopParam = str | list[str] | None
+Open = ConfigDict(extra="allow")
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = Open
 
-    role: StrictStr
-    content: StrictStr | list[dict[str, Any]] | None = None
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = Open
 
-    include_usage: StrictBool | None = None
+    include_usage: bool | None = None
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class SamplingFields(BaseModel):
+    """Fields both endpoints share (vLLM's names and types)."""
+
+    model_config = Open
 
     model: ModelName | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Field(ge=1)] | None = 1
+    """Several choices of one prompt (a GRPO group from one call): each is stored as its own turn."""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: StopParam = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    return_token_ids: bool | None = None
+    """Ask for the engine's token ids in the reply (the gateway records them either way)."""
+
+
+class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     tools: list[dict[str, Any]] | None = None
-    stream: StrictBool = False
-    stream_options: StreamOptions | None = None
-    n: SingleChoice = 1
-    logprobs: StrictBool | None = None
-    top_logprobs: Annotated[StrictInt, Field(ge=0)] | None = None
-    return_token_ids: StrictBool | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
 
 
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class CompletionRequest(SamplingFields):
+    prompt: str | Annotated[list[int], Field(min_length=1)]
+    echo: bool | None = None
+    logprobs: Annotated[int, Field(ge=0)] | None = None
+    suffix: str | None = None
 
-    model: ModelName | None = None
-    prompt: StrictStr | Annotated[list[StrictInt], Field(min_length=1)]
-    stream: StrictBool = False
-    stream_options: StreamOptions | None = None
-    n: SingleChoice = 1
-    echo: StrictBool | None = None
-    logprobs: Annotated[StrictInt, Field(ge=0)] | None = None
-    return_token_ids: StrictBool | None = None
+
+class Usage(BaseModel):
+    model_config = Open
+
+    prompt_tokens: int
+    completion_tokens: int | None = None
+    total_tokens: int
+
+
+class ChatChoice(BaseModel):
+    model_config = Open
+
+    index: int
+    message: dict[str, Any]
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletion(BaseModel):
+    """vLLM's chat completion; `prompt_token_ids` and `token_ids` only when the agent asked for them."""
+
+    model_config = Open
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class CompletionChoice(BaseModel):
+    model_config = Open
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class Completion(BaseModel):
+    model_config = Open
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    model_config = Open
+
+    id: str
+    object: str
+
+
+class ModelList(BaseModel):
+    model_config = Open
+
+    object: Literal["list"]
+    data: list[ModelCard]

@@ -1,22 +1,31 @@
 """Forwarding one agent call to vLLM (pass-through, or exact mode in `exact.py`), whole or streamed.
 
-The turn is committed before the reply is released (`recording.py`): a non-streamed reply is sent after the commit, a
-streamed one passes every chunk through as it arrives and sends its final `data: [DONE]` after the commit.
-A client that goes away mid-stream leaves a turn marked cancelled with what had been generated.
+The turn is committed before the reply is released (`recording.py`): a non-streamed reply is sent after the
+commit, a streamed one passes every chunk through as it arrives and sends its final `data: [DONE]` after the
+commit. A client that goes away mid-stream leaves a turn marked cancelled with what had been generated.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from pydantic import BaseModel
 from starlette.responses import Response, StreamingResponse
 
 from gateway.backend import BackendReply, BackendStreamError
+from gateway.encoding import dumps
 from gateway.errors import ApiError
+from gateway.openai.admission import (
+    cap_reply,
+    check_context_limit,
+    check_turn_limit,
+    limits_of,
+    prompt_tokens,
+)
 from gateway.openai.capture import Asked, ChatCapture, TurnCapture
 from gateway.openai.exact import forward_exact
 from gateway.openai.exact_stream import forward_exact_stream
@@ -30,63 +39,83 @@ from gateway.openai.recording import (
 )
 from gateway.openai.sse import sse_data
 from gateway.state import GatewayState
-from gateway.store import schema
 from gateway.store.records import RolloutState, TurnRecord
 
-log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class AgentCall:
+    """An agent's request: the body as sent, its validated reading, and what identifies a client's retry."""
+
+    body: dict[str, Any]
+    parsed: BaseModel
+    request_hash: str
+    attempt: int
+
+    @property
+    def stream(self) -> bool:
+        return bool(getattr(self.parsed, "stream", False))
+
+    @property
+    def choices(self) -> int:
+        return getattr(self.parsed, "n", None) or 1
 
 
-async def check_rollout(state: GatewayState, rollout_id: str) -> RolloutState | None:
-    """Refuse calls that will not be recorded before spending engine time on them.
-
-    Without registration required, a rollout this process has not seen is not looked up: the store creates
-    it, or refuses the turn at commit if it turns out to be finished.
-    """
-    if state.settings.require_registered_rollouts:
-        rollout = await state.store.rollout_state(rollout_id)
-    else:
-        rollout = state.store.writer.rollouts.get(rollout_id)
-    if rollout is None and state.settings.require_registered_rollouts:
-        raise ApiError(404, f"rollout {rollout_id!r} is not registered", "rollout_not_found")
-    if rollout is not None and rollout.status != schema.ROLLOUT_RUNNING:
-        raise ApiError(409, f"rollout {rollout_id!r} is already {rollout.status}", "rollout_finished")
-    return rollout
-
-
-def new_record(state: GatewayState, rollout_id: str, capture_cls: type[TurnCapture], body: dict[str, Any]) -> TurnRecord:
+def new_record(
+    state: GatewayState, rollout_id: str, capture_cls: type[TurnCapture], call: AgentCall
+) -> TurnRecord:
+    body = call.body
     fields = capture_cls.request_fields(body)
     return TurnRecord(
         rollout_id=rollout_id,
         endpoint=capture_cls.endpoint,
         model=body.get("model"),
-        stream=bool(body.get("stream")),
+        stream=call.stream,
         policy_version=state.policy_version,
         started_at=time.time(),
         messages=body.get("messages"),
         prompt_text=body["prompt"] if isinstance(body.get("prompt"), str) else None,
         tools=fields["tools"],
         params=fields["params"],
+        request_hash=call.request_hash,
+        attempt=call.attempt,
     )
 
 
 async def forward(
-    state: GatewayState, rollout_id: str, capture_cls: type[TurnCapture], body: dict[str, Any]
+    state: GatewayState,
+    rollout_id: str,
+    rollout: RolloutState | None,
+    capture_cls: type[TurnCapture],
+    call: AgentCall,
 ) -> Response:
-    rollout = await check_rollout(state, rollout_id)
     await state.traffic.enter()
     state.metrics.in_flight.inc()
     streaming = False
     try:
-        capture = capture_cls(new_record(state, rollout_id, capture_cls, body))
-        upstream, asked = capture.inject(body)
+        capture = capture_cls(new_record(state, rollout_id, capture_cls, call))
+        await check_turn_limit(state, capture, rollout)
+        upstream, asked = capture.inject(call.body, call.parsed)
         mode = (rollout.mode if rollout is not None else None) or state.settings.mode
-        if mode == "exact" and isinstance(capture, ChatCapture) and await state.backends.exact_capable(rollout_id):
-            exact = forward_exact_stream if capture.record.stream else forward_exact
-            response = await exact(state, capture, body, asked)
-        elif capture.record.stream:
-            response = await _forward_stream(state, capture, upstream, asked)
+        exact = (
+            mode == "exact"
+            and isinstance(capture, ChatCapture)
+            and call.choices == 1
+            and await state.backends.exact_capable(rollout_id)
+        )
+        if exact:
+            forward_exact_mode = forward_exact_stream if call.stream else forward_exact
+            response = await forward_exact_mode(state, capture, call.body, asked, limits_of(state, rollout))
         else:
-            response = await _forward_whole(state, capture, upstream, asked)
+            context = limits_of(state, rollout).max_context_tokens
+            if context is not None:
+                room = await check_context_limit(
+                    state, capture, await prompt_tokens(state, capture, call.body), context
+                )
+                cap_reply(upstream, room)
+            if call.stream:
+                response = await _forward_stream(state, capture, upstream, asked)
+            else:
+                response = await _forward_whole(state, capture, upstream, asked)
         if isinstance(response, StreamingResponse):
             response.body_iterator = _counted(state, response.body_iterator)
             streaming = True
@@ -121,12 +150,13 @@ async def _forward_whole(
         await store_error_turn(state, capture, 502, message)
         raise ApiError(502, message, "backend_error") from None
     capture.feed(payload)
-    record = capture.finish()
-    record.finished_at = record.first_token_at = time.time()
-    record.http_status = 200
+    records = capture.finish()
+    for record in records:
+        record.finished_at = record.first_token_at = time.time()
+        record.http_status = 200
     capture.strip(payload, asked)
-    await commit_turn(state, record)
-    return Response(orjson.dumps(payload), media_type="application/json")
+    await commit_turn(state, records)
+    return Response(dumps(payload), media_type="application/json")
 
 
 async def _forward_stream(
@@ -151,7 +181,7 @@ async def _chunks(capture: TurnCapture, reply: BackendReply, asked: Asked) -> As
                 raise StreamFailure(backend_message(data) or "backend stream failed")
             capture.feed(chunk)
             capture.strip(chunk, asked)
-            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+            yield b"data: " + dumps(chunk) + b"\n\n"
     except BackendStreamError as exc:
         raise StreamFailure(str(exc)) from exc
     except orjson.JSONDecodeError as exc:

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from gateway.backend import BackendReply, BackendStreamError
+from gateway.encoding import dumps
 from gateway.errors import ApiError, error_body
 from gateway.openai.capture import TurnCapture
 from gateway.state import GatewayState
@@ -21,6 +22,8 @@ from gateway.store.records import StoreError, TurnRecord
 log = logging.getLogger(__name__)
 
 DONE = b"data: [DONE]\n\n"
+_CONTEXT_TOO_LONG = ("maximum context length", "longer than the maximum model length")
+"""How vLLM words a prompt that does not fit the model's context."""
 
 
 async def send_upstream(
@@ -30,7 +33,7 @@ async def send_upstream(
     record = capture.record
     try:
         record.backend, reply = await state.backends.send(
-            record.rollout_id, path or capture.path, orjson.dumps(upstream)
+            record.rollout_id, path or capture.path, dumps(upstream)
         )
     except ApiError as exc:
         await store_error_turn(state, capture, exc.status_code, exc.message)
@@ -40,39 +43,92 @@ async def send_upstream(
             content = await reply.body()
         except BackendStreamError:
             content = b""
-        message = backend_message(content) or f"backend answered HTTP {reply.status}"
-        status = reply.status if reply.status < 500 else 502
-        await store_error_turn(state, capture, status, message)
-        raise ApiError(status, message, "backend_error" if status >= 500 else "invalid_request")
+        error = backend_error(reply.status, content)
+        await store_error_turn(state, capture, error.status_code, error.message)
+        raise error
     return reply
 
 
-def backend_message(content: bytes) -> str | None:
+async def post_json(
+    state: GatewayState, capture: TurnCapture, body: dict[str, Any], path: str
+) -> dict[str, Any]:
+    """A whole JSON exchange with the rollout's backend (render, generate, derender, tokenize)."""
+    reply = await send_upstream(state, capture, body, path)
+    try:
+        answer = orjson.loads(await reply.body())
+    except (BackendStreamError, orjson.JSONDecodeError) as exc:
+        message = (
+            str(exc)
+            if isinstance(exc, BackendStreamError)
+            else f"backend sent a reply to {path} that is not JSON"
+        )
+        await store_error_turn(state, capture, 502, message)
+        raise ApiError(502, message, "backend_error") from None
+    if not isinstance(answer, dict):
+        await store_error_turn(state, capture, 502, f"backend sent an unexpected reply to {path}")
+        raise ApiError(502, f"backend sent an unexpected reply to {path}", "backend_error")
+    return answer
+
+
+def backend_error(status: int, content: bytes) -> ApiError:
+    """The agent-facing error for a backend's non-200 answer: its own 4xx as vLLM wrote it (message, type,
+    param), a prompt too long for the model as `context_length_exceeded`, anything else a 502."""
+    if status in (401, 403):
+        return ApiError(
+            502,
+            f"backend refused the gateway's credentials (HTTP {status}): check --backend-api-key",
+            "backend_error",
+        )
+    detail = _error_detail(content)
+    message = str(detail.get("message") or f"backend answered HTTP {status}")
+    if status >= 500:
+        return ApiError(502, message, "backend_error")
+    if any(phrase in message for phrase in _CONTEXT_TOO_LONG):
+        return ApiError(400, message, "context_length_exceeded", detail.get("param"), detail.get("type"))
+    code = detail.get("code")
+    return ApiError(
+        status,
+        message,
+        code if isinstance(code, str | int) else "invalid_request",
+        detail.get("param") if isinstance(detail.get("param"), str) else None,
+        detail.get("type") if isinstance(detail.get("type"), str) else None,
+    )
+
+
+def _error_detail(content: bytes) -> dict[str, Any]:
+    """vLLM's `{"error": {...}}` (or an older flat `{"message", ...}`); text otherwise."""
     try:
         payload = orjson.loads(content)
     except orjson.JSONDecodeError:
-        return content[:500].decode("utf-8", "replace") or None
-    error = payload.get("error") if isinstance(payload, dict) else None
-    if isinstance(error, dict):
-        return str(error.get("message"))
-    if isinstance(payload, dict) and "message" in payload:
-        return str(payload["message"])
-    return None
+        return {"message": content[:500].decode("utf-8", "replace") or None}
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict):
+            return error
+        if "message" in payload:
+            return payload
+    return {}
+
+
+def backend_message(content: bytes) -> str | None:
+    message = _error_detail(content).get("message")
+    return str(message) if message is not None else None
 
 
 async def store_error_turn(state: GatewayState, capture: TurnCapture, status: int, message: str) -> None:
-    record = capture.finish()
-    record.policy_version_end = state.policy_version
-    record.status = schema.TURN_ERROR
-    record.http_status = status
-    record.error = message
-    record.finished_at = time.time()
+    records = capture.finish()
+    for record in records:
+        record.policy_version_end = state.policy_version
+        record.status = schema.TURN_ERROR
+        record.http_status = status
+        record.error = message
+        record.finished_at = time.time()
+        account(state, record, status)
     state.metrics.errors.labels(reason=str(status)).inc()
-    _account(state, record, status)
-    await state.store.writer.insert_turn(record)
+    await state.store.writer.insert_turns(records)
 
 
-def _account(state: GatewayState, record: TurnRecord, status: int) -> None:
+def account(state: GatewayState, record: TurnRecord, status: int) -> None:
     metrics = state.metrics
     metrics.requests.labels(endpoint=record.endpoint, status=str(status)).inc()
     metrics.latency.labels(endpoint=record.endpoint).observe(record.finished_at - record.started_at)
@@ -80,16 +136,21 @@ def _account(state: GatewayState, record: TurnRecord, status: int) -> None:
     metrics.tokens.labels(kind="completion").inc(record.completion_ids.shape[0])
 
 
-async def commit_turn(state: GatewayState, record: TurnRecord) -> None:
-    record.policy_version_end = state.policy_version
+async def commit_turn(state: GatewayState, records: list[TurnRecord]) -> None:
+    """Commit a call's turns (one per choice) together."""
+    for record in records:
+        record.policy_version_end = state.policy_version
     try:
-        await state.store.writer.insert_turn(record)
+        await state.store.writer.insert_turns(records)
     except StoreError:
         raise
     except Exception as exc:
-        log.exception("could not commit turn of rollout %s", record.rollout_id)
-        raise ApiError(503, f"the turn could not be stored: {type(exc).__name__}", "store_unavailable") from exc
-    _account(state, record, 200)
+        log.exception("could not commit turn of rollout %s", records[0].rollout_id)
+        raise ApiError(
+            503, f"the turn could not be stored: {type(exc).__name__}", "store_unavailable"
+        ) from exc
+    for record in records:
+        account(state, record, 200)
 
 
 class StreamFailure(Exception):
@@ -131,11 +192,12 @@ def stream_error(status: int, message: str, code: str) -> bytes:
 
 async def end_of_stream(state: GatewayState, capture: TurnCapture) -> AsyncIterator[bytes]:
     """Commit the streamed turn, then release the final [DONE] (or an error event if it could not be stored)."""
-    record = capture.finish()
-    record.finished_at = time.time()
-    record.http_status = 200
+    records = capture.finish()
+    for record in records:
+        record.finished_at = time.time()
+        record.http_status = 200
     try:
-        await commit_turn(state, record)
+        await commit_turn(state, records)
     except (ApiError, StoreError) as exc:
         yield stream_error(exc.status_code, exc.message, "store_error")
         return
@@ -144,14 +206,15 @@ async def end_of_stream(state: GatewayState, capture: TurnCapture) -> AsyncItera
 
 def record_cancelled(state: GatewayState, capture: TurnCapture) -> None:
     """The agent went away: store what was generated, without awaiting (this task is being cancelled)."""
-    record = capture.finish()
-    record.status = schema.TURN_CANCELLED
-    record.policy_version_end = state.policy_version
-    record.error = "client disconnected before the end of the stream"
-    record.finished_at = time.time()
+    records = capture.finish()
+    for record in records:
+        record.status = schema.TURN_CANCELLED
+        record.policy_version_end = state.policy_version
+        record.error = "client disconnected before the end of the stream"
+        record.finished_at = time.time()
+        account(state, record, 499)
     state.metrics.errors.labels(reason="cancelled").inc()
-    _account(state, record, 499)
-    state.store.writer.enqueue_turn(record).add_done_callback(_log_failure)
+    state.store.writer.enqueue_turns(records).add_done_callback(_log_failure)
 
 
 def _log_failure(future: asyncio.Future[Any]) -> None:

@@ -1,7 +1,8 @@
-"""HTTP routes of the agent API under `/rollouts/{rollout_id}/v1`: parse once, check, forward."""
+"""HTTP routes of the agent API under `/rollouts/{rollout_id}/v1`: admit, parse once, check, forward."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import orjson
@@ -9,56 +10,102 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from gateway.errors import ApiError, validation_message
+from gateway.errors import ApiError, error_responses, validation_message
 from gateway.ids import check_rollout_id
+from gateway.openai.admission import admit
 from gateway.openai.capture import ChatCapture, CompletionCapture
-from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.openai.proxy import forward
+from gateway.openai.protocol import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ModelList,
+)
+from gateway.openai.proxy import AgentCall, forward
+from gateway.openapi import raw_body
 from gateway.state import GatewayState, get_state
 
-router = APIRouter(prefix="/rollouts/{rollout_id}/v1")
+router = APIRouter(
+    prefix="/rollouts/{rollout_id}/v1",
+    tags=["agent"],
+    responses=error_responses(400, 401, 404, 409, 413, 422, 502, 503, 504),
+)
+_STREAM = {
+    "text/event-stream": {"schema": {"type": "string", "description": "Server-sent events, as vLLM sends"}}
+}
 
 
-async def read_json(request: Request, max_bytes: int, model: type[BaseModel]) -> dict[str, Any]:
-    """The request body as a dict, parsed once; checked against `model` but forwarded as sent."""
+async def read_call(request: Request, max_bytes: int, model: type[BaseModel]) -> AgentCall:
+    """The request body parsed once, checked against `model` (forwarded as sent, not as parsed)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"request body exceeds {max_bytes} bytes", "request_too_large")
-    body = bytearray()
+    raw = bytearray()
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
+        raw += chunk
+        if len(raw) > max_bytes:
             raise ApiError(413, f"request body exceeds {max_bytes} bytes", "request_too_large")
     try:
-        payload = orjson.loads(body)
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-    if not isinstance(payload, dict):
+    if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
     try:
-        model.model_validate(payload)
+        parsed = model.model_validate(body)
     except ValidationError as exc:
         message, param = validation_message(exc.errors())
         raise ApiError(422, message, "invalid_request", param) from None
-    return payload
+    return AgentCall(body, parsed, hashlib.blake2b(raw, digest_size=16).hexdigest(), _attempt(request))
 
 
-@router.post("/chat/completions")
-async def chat_completions(rollout_id: str, request: Request, state: GatewayState = Depends(get_state)) -> Response:
+def _attempt(request: Request) -> int:
+    """The client's retry count: the OpenAI and Anthropic SDKs send it with every retry."""
+    value = request.headers.get("x-stainless-retry-count", "0")
+    return int(value) if value.isdigit() else 0
+
+
+async def _agent_call(
+    rollout_id: str, request: Request, state: GatewayState, model: type[BaseModel], capture: Any
+) -> Response:
     check_rollout_id(rollout_id)
-    body = await read_json(request, state.settings.max_body_bytes, ChatCompletionRequest)
-    return await forward(state, rollout_id, ChatCapture, body)
+    rollout = await admit(state, request, rollout_id)
+    call = await read_call(request, state.settings.max_body_bytes, model)
+    return await forward(state, rollout_id, rollout, capture, call)
 
 
-@router.post("/completions")
-async def completions(rollout_id: str, request: Request, state: GatewayState = Depends(get_state)) -> Response:
+@router.post(
+    "/chat/completions",
+    openapi_extra=raw_body(ChatCompletionRequest),
+    response_model=ChatCompletion,
+    responses={200: {"content": _STREAM}},
+)
+async def chat_completions(
+    rollout_id: str, request: Request, state: GatewayState = Depends(get_state)
+) -> Response:
+    """OpenAI chat completions, forwarded to the rollout's vLLM server and recorded as a turn."""
+    return await _agent_call(rollout_id, request, state, ChatCompletionRequest, ChatCapture)
+
+
+@router.post(
+    "/completions",
+    openapi_extra=raw_body(CompletionRequest),
+    response_model=Completion,
+    responses={200: {"content": _STREAM}},
+)
+async def completions(
+    rollout_id: str, request: Request, state: GatewayState = Depends(get_state)
+) -> Response:
+    """OpenAI completions (a prompt as text or token ids), forwarded and recorded as a turn."""
+    return await _agent_call(rollout_id, request, state, CompletionRequest, CompletionCapture)
+
+
+@router.get("/models", response_model=ModelList)
+async def models(rollout_id: str, request: Request, state: GatewayState = Depends(get_state)) -> Response:
+    """The backends' models (as vLLM lists them)."""
     check_rollout_id(rollout_id)
-    body = await read_json(request, state.settings.max_body_bytes, CompletionRequest)
-    return await forward(state, rollout_id, CompletionCapture, body)
-
-
-@router.get("/models")
-async def models(rollout_id: str, state: GatewayState = Depends(get_state)) -> Response:
-    check_rollout_id(rollout_id)
+    await admit(state, request, rollout_id)
     status, content = await state.backends.get("/v1/models")
-    return Response(content, status_code=status, media_type="application/json")
+    if status != 200:
+        raise ApiError(502, f"backend answered HTTP {status} to GET /v1/models", "backend_error")
+    return Response(content, media_type="application/json")

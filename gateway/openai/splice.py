@@ -33,7 +33,9 @@ class Spliced:
     """"exact", or "fallback: <why>" (the plain render was used)."""
 
 
-def splice(parent_ids: np.ndarray, finish_reason: str | None, parent_render: np.ndarray, plain: np.ndarray) -> Spliced:
+def splice(
+    parent_ids: np.ndarray, finish_reason: str | None, parent_render: np.ndarray, plain: np.ndarray
+) -> Spliced:
     if finish_reason not in END_OF_TURN_REASONS or parent_ids.shape[0] == 0:
         return Spliced(plain, f"fallback: parent reply ended with finish_reason={finish_reason}")
     end = parent_ids[-1]

@@ -36,10 +36,14 @@ _RECENT_SEQUENCES = 2  # turns whose full ids stay in memory; older ones are rea
 def canonical_message(message: Mapping[str, Any]) -> bytes:
     content = message.get("content")
     calls = [
-        (call.get("function") or {}).get("name", "") + "\0" + _canonical_arguments((call.get("function") or {}).get("arguments"))
+        (call.get("function") or {}).get("name", "")
+        + "\0"
+        + _canonical_arguments((call.get("function") or {}).get("arguments"))
         for call in message.get("tool_calls") or ()
     ]
-    return orjson.dumps([message.get("role"), content if content not in ("", None) else None, calls, message.get("name")])
+    return orjson.dumps(
+        [message.get("role"), content if content not in ("", None) else None, calls, message.get("name")]
+    )
 
 
 def _canonical_arguments(arguments: Any) -> str:

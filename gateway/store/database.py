@@ -26,6 +26,21 @@ def normalize_url(url: str) -> str:
     return url
 
 
+SUPPORTED_URLS = "sqlite:///PATH, postgresql://USER@HOST/DB (or postgresql+psycopg://...)"
+
+
+def check_url(url: str) -> str:
+    """The URL if the store can use it; a ValueError naming the URLs it accepts otherwise. The store's
+    drivers are synchronous (it writes from its own thread): asyncpg, aiosqlite and other drivers are not."""
+    try:
+        parsed = make_url(normalize_url(url))
+    except Exception:  # noqa: BLE001 - SQLAlchemy raises several kinds for a malformed URL
+        raise ValueError(f"{url!r} is not a database URL; use {SUPPORTED_URLS}") from None
+    if parsed.drivername not in ("sqlite", "sqlite+pysqlite", "postgresql+psycopg"):
+        raise ValueError(f"the store cannot use {parsed.drivername!r} URLs; use {SUPPORTED_URLS}")
+    return url
+
+
 def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 

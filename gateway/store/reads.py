@@ -4,26 +4,60 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
 from gateway.store.chain import rebuild
-from gateway.store.records import RolloutState
+from gateway.store.records import Limits, RolloutState
 from gateway.store.tokens import unpack_ids, unpack_logprobs
 
 _TURN_FIELDS = (
-    "status", "error", "http_status", "endpoint", "model", "stream", "backend", "policy_version",
-    "policy_version_end", "weight_versions",
-    "content", "reasoning", "tool_calls", "finish_reason", "parent_turn", "forked_from", "prefix_tokens", "drift_tokens", "splice",
-    "prompt_tokens", "completion_tokens", "started_at", "first_token_at", "finished_at",
+    "status",
+    "error",
+    "http_status",
+    "endpoint",
+    "model",
+    "stream",
+    "backend",
+    "policy_version",
+    "policy_version_end",
+    "weight_versions",
+    "content",
+    "reasoning",
+    "tool_calls",
+    "finish_reason",
+    "choice_index",
+    "attempt",
+    "retry_of",
+    "parent_turn",
+    "forked_from",
+    "prefix_tokens",
+    "drift_tokens",
+    "splice",
+    "prompt_tokens",
+    "completion_tokens",
+    "started_at",
+    "first_token_at",
+    "finished_at",
 )
 
 
 def rollout_state(conn: Connection, rollout_id: str) -> RolloutState | None:
-    r = schema.rollouts
-    row = conn.execute(select(r.c.status, r.c.mode).where(r.c.rollout_id == rollout_id)).first()
-    return RolloutState(row.status, row.mode) if row is not None else None
+    r, t = schema.rollouts, schema.turns
+    calls = (
+        select(func.count())
+        .where(t.c.rollout_id == rollout_id, t.c.status == schema.TURN_OK, t.c.choice_index == 0)
+        .scalar_subquery()
+    )
+    row = conn.execute(
+        select(r.c.status, r.c.mode, r.c.api_key_hash, r.c.limits, calls.label("calls")).where(
+            r.c.rollout_id == rollout_id
+        )
+    ).first()
+    if row is None:
+        return None
+    return RolloutState(row.status, row.mode, row.api_key_hash, Limits.from_json(row.limits), row.calls)
 
 
 def get_rollout(
@@ -33,12 +67,18 @@ def get_rollout(
     row = conn.execute(select(r).where(r.c.rollout_id == rollout_id)).mappings().first()
     if row is None:
         return None
-    turn_rows = conn.execute(select(t).where(t.c.rollout_id == rollout_id).order_by(t.c.turn_index)).mappings().all()
-    reward_rows = conn.execute(
-        select(w.c.turn_index, w.c.value, w.c.components, w.c.created_at)
-        .where(w.c.rollout_id == rollout_id)
-        .order_by(w.c.reward_id)
-    ).mappings().all()
+    turn_rows = (
+        conn.execute(select(t).where(t.c.rollout_id == rollout_id).order_by(t.c.turn_index)).mappings().all()
+    )
+    reward_rows = (
+        conn.execute(
+            select(w.c.turn_index, w.c.value, w.c.components, w.c.created_at)
+            .where(w.c.rollout_id == rollout_id)
+            .order_by(w.c.reward_id)
+        )
+        .mappings()
+        .all()
+    )
     full = rebuild(turn_rows) if include_tokens or include_messages else {}
     turns = []
     for turn in turn_rows:
@@ -63,7 +103,10 @@ def get_rollout(
         "status": row["status"],
         "reward": row["reward"],
         "reward_components": row["reward_components"],
-        "rewards": [dict(reward) for reward in reward_rows],
+        "rewards": [
+            {name: reward[name] for name in ("turn_index", "value", "components", "created_at")}
+            for reward in reward_rows
+        ],
         "created_at": row["created_at"],
         "finished_at": row["finished_at"],
         "claimed_by": row["claimed_by"],
@@ -72,5 +115,7 @@ def get_rollout(
         "lease_until": row["lease_until"],
         "mode": row["mode"],
         "tags": row["tags"],
+        "limits": row["limits"],
+        "end_reason": row["end_reason"],
         "turns": turns,
     }

@@ -52,6 +52,39 @@ class TurnRecord:
     """Exact mode: vLLM's spans of output tokens per weight version."""
     plain_prompt_ids: np.ndarray | None = None
     """Exact mode: the plain render of the messages, against which drift is measured."""
+    choice_index: int = 0
+    request_hash: str | None = None
+    attempt: int = 0
+    """The client's retry count (`x-stainless-retry-count`): above 0, this call repeats an earlier one."""
+    refused_by: str | None = None
+    """The limit that refused the call (status refused): max_turns or max_context_tokens."""
+    retry_of: int | None = None
+    """Set by the store: the earlier turn of the rollout this one repeats (a client's retry)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-rollout limits; None: the gateway's default (itself possibly None: no limit)."""
+
+    max_turns: int | None = None
+    max_context_tokens: int | None = None
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any] | None) -> Limits:
+        value = value or {}
+        return cls(value.get("max_turns"), value.get("max_context_tokens"))
+
+    def to_json(self) -> dict[str, int | None] | None:
+        if self.max_turns is None and self.max_context_tokens is None:
+            return None
+        return {"max_turns": self.max_turns, "max_context_tokens": self.max_context_tokens}
+
+    def over(self, defaults: Limits) -> Limits:
+        """These limits, with the gaps filled from `defaults`."""
+        return Limits(
+            self.max_turns if self.max_turns is not None else defaults.max_turns,
+            self.max_context_tokens if self.max_context_tokens is not None else defaults.max_context_tokens,
+        )
 
 
 @dataclass
@@ -62,6 +95,8 @@ class NewRollout:
     metadata: dict[str, Any] = field(default_factory=dict)
     mode: str | None = None
     tags: list[str] | None = None
+    api_key_hash: str | None = None
+    limits: Limits = field(default_factory=Limits)
 
     @property
     def eval(self) -> bool:
@@ -70,8 +105,14 @@ class NewRollout:
 
 @dataclass(frozen=True)
 class RolloutState:
+    """What the agent path needs to know of a rollout before it forwards a call."""
+
     status: str
     mode: str | None
+    api_key_hash: str | None = None
+    limits: Limits = Limits()
+    calls: int = 0
+    """Model calls answered so far (turns with status ok, one per call whatever its number of choices)."""
 
 
 @dataclass

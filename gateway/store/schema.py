@@ -35,6 +35,9 @@ ROLLOUT_FINISHED_STATUSES = ("completed", "failed", "truncated", "aborted")
 TURN_OK = "ok"
 TURN_ERROR = "error"
 TURN_CANCELLED = "cancelled"
+TURN_REFUSED = "refused"
+"""Refused by a rollout limit before reaching an engine: the rollout's agent was stopped, not failed."""
+
 
 class NulFreeText(TypeDecorator[str]):
     """PostgreSQL text cannot hold NUL characters, which a model can sample and an agent can send: they are
@@ -88,6 +91,12 @@ rollouts = Table(
     # (`trainer-client eval`), never claimed for training.
     Column("tags", Json),
     Column("eval", Boolean, nullable=False, server_default=false()),
+    # With --rollout-keys: sha256 (hex) of the key the rollout's agent calls with; the key is never stored.
+    Column("api_key_hash", String(64)),
+    # {"max_turns", "max_context_tokens"} given at creation; null fields take the gateway's defaults.
+    Column("limits", Json),
+    # Why the gateway stopped serving the rollout's agent (a limit: max_turns, max_context_tokens).
+    Column("end_reason", String(32)),
     Index("ix_rollouts_group_id", "group_id"),
     Index("ix_rollouts_status", "status"),
     Index("ix_rollouts_claimed_by", "claimed_by"),
@@ -120,6 +129,13 @@ turns = Table(
     Column("reasoning", SafeText),
     Column("tool_calls", Json),
     Column("finish_reason", String(32)),
+    # A call with n > 1 stores one turn per choice; this is the choice's index in the reply.
+    Column("choice_index", Integer, nullable=False, server_default="0"),
+    # A client's retry (the same request body, hashed, sent again with a higher `attempt`: the SDKs' retry
+    # count) repeats an earlier turn: `retry_of` is that turn's index, and trainers never take both.
+    Column("request_hash", String(32)),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("retry_of", Integer),
     # Exact engine tokens, and the turn's place in its rollout (see gateway.store.chain).
     Column("parent_turn", Integer),
     Column("forked_from", Integer),

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from gateway.store import schema
+from gateway.store import reads, schema
 from gateway.store.chain import Lineage, Node, find_parent, lineage_of, place, reply_message
 from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
 from gateway.store.tokens import pack_ids, pack_logprobs
@@ -95,6 +95,8 @@ class StoreWriter:
         self._batch_lineages: dict[str, Lineage] = {}
         self._batch_states: dict[str, RolloutState] = {}
         self._finished: list[str] = []
+        self._early_retries: dict[tuple[str, str, int], dict[int, int]] = {}
+        """Retries committed before the attempt they repeat: (rollout, request hash, choice) -> {turn: attempt}."""
         self.commits = 0
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
@@ -108,12 +110,12 @@ class StoreWriter:
         self._queue.put(_Pending(operation, future, loop))
         return future
 
-    def enqueue_turn(self, record: TurnRecord) -> asyncio.Future[int]:
-        return self.submit(lambda conn: self._insert_turn(conn, record))
+    def enqueue_turns(self, records: list[TurnRecord]) -> asyncio.Future[list[int]]:
+        return self.submit(lambda conn: [self._insert_turn(conn, record) for record in records])
 
-    async def insert_turn(self, record: TurnRecord) -> int:
-        """Store a turn; returns its index in the rollout once committed."""
-        return await self.enqueue_turn(record)
+    async def insert_turns(self, records: list[TurnRecord]) -> list[int]:
+        """Store a call's turns (one per choice) in one transaction; their indexes once committed."""
+        return await self.enqueue_turns(records)
 
     async def parent_of(self, rollout_id: str, messages: list[dict[str, Any]]) -> Node | None:
         """The committed turn a chat request extends (with its full ids), if any: exact mode splices onto it."""
@@ -154,10 +156,14 @@ class StoreWriter:
             try:
                 outcomes = self._transaction([p.operation for p in batch])
             except IntegrityError as exc:  # another replica took a turn index: expected, retried below
-                log.info("a batch of %d writes conflicted (%s); retrying them one by one", len(batch), exc.orig)
+                log.info(
+                    "a batch of %d writes conflicted (%s); retrying them one by one", len(batch), exc.orig
+                )
                 outcomes = [self._alone(p.operation) for p in batch]
-            except Exception:  # noqa: BLE001 - retried one by one below
-                log.warning("a batch of %d writes failed; retrying them one by one", len(batch), exc_info=True)
+            except Exception:
+                log.warning(
+                    "a batch of %d writes failed; retrying them one by one", len(batch), exc_info=True
+                )
                 outcomes = [self._alone(p.operation) for p in batch]
             for pending, (result, error) in zip(batch, outcomes):
                 pending.loop.call_soon_threadsafe(_resolve, pending.future, result, error)
@@ -199,7 +205,7 @@ class StoreWriter:
                 self._lineages = LineageCache(self._lineages.max_tokens)
                 self.rollouts.clear()
                 time.sleep(random.uniform(0, 0.001 * 2**attempt))
-            except Exception as exc:  # noqa: BLE001 - handed to the caller's future
+            except Exception as exc:
                 log.exception("a store write failed")
                 return None, exc
         return None, error
@@ -212,11 +218,7 @@ class StoreWriter:
 
     def _state(self, conn: Connection, rollout_id: str) -> RolloutState | None:
         state = self._batch_states.get(rollout_id) or self.rollouts.get(rollout_id)
-        if state is None:
-            r = schema.rollouts
-            row = conn.execute(select(r.c.status, r.c.mode).where(r.c.rollout_id == rollout_id)).first()
-            state = RolloutState(row.status, row.mode) if row is not None else None
-        return state
+        return state if state is not None else reads.rollout_state(conn, rollout_id)
 
     def _lineage(self, conn: Connection, rollout_id: str) -> Lineage:
         lineage = self._batch_lineages.get(rollout_id) or self._lineages.get(rollout_id)
@@ -230,9 +232,18 @@ class StoreWriter:
         return list(
             conn.execute(
                 select(
-                    t.c.turn_index, t.c.status, t.c.parent_turn, t.c.forked_from, t.c.prefix_tokens,
-                    t.c.prompt_ids, t.c.completion_ids, t.c.prefix_messages, t.c.messages, t.c.content,
-                    t.c.tool_calls, t.c.finish_reason,
+                    t.c.turn_index,
+                    t.c.status,
+                    t.c.parent_turn,
+                    t.c.forked_from,
+                    t.c.prefix_tokens,
+                    t.c.prompt_ids,
+                    t.c.completion_ids,
+                    t.c.prefix_messages,
+                    t.c.messages,
+                    t.c.content,
+                    t.c.tool_calls,
+                    t.c.finish_reason,
                 )
                 .where(t.c.rollout_id == rollout_id)
                 .order_by(t.c.turn_index)
@@ -249,8 +260,8 @@ class StoreWriter:
     def _create_rollout(self, conn: Connection, new: NewRollout) -> tuple[dict[str, Any], bool]:
         existing = self._rollout_row(conn, new.rollout_id)
         if existing is not None:
-            for name in ("group_id", "task_id", "mode", "tags"):
-                given = getattr(new, name)
+            for name in ("group_id", "task_id", "mode", "tags", "limits"):
+                given = new.limits.to_json() if name == "limits" else getattr(new, name)
                 if given is not None and given != existing[name]:
                     raise StoreError(
                         409,
@@ -274,20 +285,30 @@ class StoreWriter:
             "mode": new.mode,
             "tags": new.tags,
             "eval": new.eval,
+            "api_key_hash": new.api_key_hash,
+            "limits": new.limits.to_json(),
+            "end_reason": None,
         }
         conn.execute(_INSERT_ROLLOUT, row)
-        self._batch_states[new.rollout_id] = RolloutState(schema.ROLLOUT_RUNNING, new.mode)
+        self._batch_states[new.rollout_id] = RolloutState(
+            schema.ROLLOUT_RUNNING, new.mode, new.api_key_hash, new.limits
+        )
         self._batch_lineages[new.rollout_id] = Lineage()
         return row
 
     def _insert_turn(self, conn: Connection, record: TurnRecord) -> int:
         state = self._state(conn, record.rollout_id)
         if state is not None and state.status != schema.ROLLOUT_RUNNING:
-            raise StoreError(409, f"rollout {record.rollout_id!r} is already {state.status}", "rollout_finished")
+            raise StoreError(
+                409, f"rollout {record.rollout_id!r} is already {state.status}", "rollout_finished"
+            )
         if state is None:
             self._insert_rollout(conn, NewRollout(record.rollout_id))
+            state = self._batch_states[record.rollout_id]
         lineage = self._lineage(conn, record.rollout_id)
         index = lineage.last_index + 1
+        if record.request_hash is not None:
+            self._link_retries(conn, record, index)
         placement = place(
             lineage,
             record.prompt_ids,
@@ -319,6 +340,10 @@ class StoreWriter:
                 "reasoning": record.reasoning,
                 "tool_calls": record.tool_calls,
                 "finish_reason": record.finish_reason,
+                "choice_index": record.choice_index,
+                "request_hash": record.request_hash,
+                "attempt": record.attempt,
+                "retry_of": record.retry_of,
                 "parent_turn": placement.parent_turn,
                 "forked_from": placement.forked_from,
                 "prefix_tokens": placement.prefix_tokens,
@@ -335,6 +360,14 @@ class StoreWriter:
             },
         )
         ok = record.status == schema.TURN_OK
+        if ok and record.choice_index == 0:
+            self._batch_states[record.rollout_id] = replace(state, calls=state.calls + 1)
+        if record.refused_by is not None:
+            conn.execute(
+                update(schema.rollouts)
+                .where(schema.rollouts.c.rollout_id == record.rollout_id)
+                .values(end_reason=record.refused_by)
+            )
         lineage.add(
             index,
             record.messages,
@@ -344,13 +377,54 @@ class StoreWriter:
         )
         return index
 
+    def _link_retries(self, conn: Connection, record: TurnRecord, index: int) -> None:
+        """Point a client's retry at the attempt it repeats (the latest lower attempt of the same request).
+
+        An earlier attempt can commit after its retry (its client gave up, the gateway went on): the retry
+        waits in `_early_retries` and is linked when the attempt it repeats arrives.
+        """
+        t = schema.turns
+        key = (record.rollout_id, record.request_hash or "", record.choice_index)
+        if record.attempt > 0:
+            earlier = conn.execute(
+                select(t.c.turn_index)
+                .where(
+                    t.c.rollout_id == record.rollout_id,
+                    t.c.request_hash == record.request_hash,
+                    t.c.attempt < record.attempt,
+                    t.c.choice_index == record.choice_index,
+                )
+                .order_by(t.c.attempt.desc(), t.c.turn_index.desc())
+                .limit(1)
+            ).scalar()
+            record.retry_of = earlier
+            if earlier is None:
+                self._early_retries.setdefault(key, {})[index] = record.attempt
+                if len(self._early_retries) > 10_000:  # retries whose first attempt never came
+                    self._early_retries.pop(next(iter(self._early_retries)))
+        waiting = self._early_retries.get(key)
+        if waiting:
+            later = [turn for turn, attempt in waiting.items() if attempt > record.attempt]
+            if later:
+                conn.execute(
+                    update(t)
+                    .where(t.c.rollout_id == record.rollout_id, t.c.turn_index.in_(later), t.c.retry_of.is_(None))
+                    .values(retry_of=index)
+                )
+                for turn in later:
+                    del waiting[turn]
+
     def _parent(self, conn: Connection, rollout_id: str, messages: list[dict[str, Any]]) -> Node | None:
         lineage = self._lineage(conn, rollout_id)
-        parent, _ = find_parent(lineage, np.empty(0, dtype=np.int32), messages, lambda i: self._node(conn, rollout_id, i))
+        parent, _ = find_parent(
+            lineage, np.empty(0, dtype=np.int32), messages, lambda i: self._node(conn, rollout_id, i)
+        )
         if parent is None:
             return None
         node = lineage.nodes.get(parent)
-        return node if node is not None and node.sequence is not None else self._node(conn, rollout_id, parent)
+        return (
+            node if node is not None and node.sequence is not None else self._node(conn, rollout_id, parent)
+        )
 
     def _require_rollout(self, conn: Connection, rollout_id: str) -> dict[str, Any]:
         row = self._rollout_row(conn, rollout_id)
@@ -366,7 +440,9 @@ class StoreWriter:
                 select(t.c.turn_id).where(t.c.rollout_id == rollout_id, t.c.turn_index == reward.turn_index)
             ).first()
             if found is None:
-                raise StoreError(404, f"rollout {rollout_id!r} has no turn {reward.turn_index}", "turn_not_found")
+                raise StoreError(
+                    404, f"rollout {rollout_id!r} has no turn {reward.turn_index}", "turn_not_found"
+                )
         self._write_reward(conn, rollout_id, reward)
 
     def _write_reward(self, conn: Connection, rollout_id: str, reward: Reward) -> None:
@@ -387,7 +463,9 @@ class StoreWriter:
                 .values(reward=reward.value, reward_components=reward.components)
             )
 
-    def _finish(self, conn: Connection, rollout_id: str, status: str, reward: Reward | None) -> dict[str, Any]:
+    def _finish(
+        self, conn: Connection, rollout_id: str, status: str, reward: Reward | None
+    ) -> dict[str, Any]:
         row = self._require_rollout(conn, rollout_id)
         if row["status"] != schema.ROLLOUT_RUNNING:
             raise StoreError(409, f"rollout {rollout_id!r} is already {row['status']}", "rollout_finished")
@@ -400,7 +478,8 @@ class StoreWriter:
             .where(schema.rollouts.c.rollout_id == rollout_id)
             .values(status=status, finished_at=finished_at)
         )
-        self._batch_states[rollout_id] = RolloutState(status, row["mode"])
+        known = self._state(conn, rollout_id) or RolloutState(status, row["mode"])
+        self._batch_states[rollout_id] = replace(known, status=status)
         self._finished.append(rollout_id)
         row.update(status=status, finished_at=finished_at)
         return row

@@ -1,0 +1,77 @@
+"""Who may call what: the control token (orchestrators, trainers), the admin token (weight syncs) and the
+per-rollout agent keys (`--rollout-keys`).
+
+An agent holds only its own rollout's key, so it can call the model for that rollout and nothing else: not
+another rollout, not the control API (it cannot post its own reward), not the admin API. Keys are random,
+stored only as their sha256, and every comparison runs in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from fastapi import Depends, Request
+from pydantic import SecretStr
+
+from gateway.errors import ApiError
+from gateway.state import GatewayState, get_state
+from gateway.store.records import RolloutState
+
+
+def new_rollout_key() -> str:
+    return "rk-" + secrets.token_urlsafe(32)
+
+
+def key_hash(key: str) -> str:
+    """A rollout key is 256 random bits: a plain sha256 is as hard to invert as the key is to guess."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def bearer_token(request: Request) -> str | None:
+    """The caller's token: `Authorization: Bearer T` (OpenAI clients), else `x-api-key` (Anthropic clients)."""
+    authorization = request.headers.get("authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else None
+    return request.headers.get("x-api-key")
+
+
+def _same(given: str | None, expected: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _require(request: Request, token: SecretStr | None, api: str) -> None:
+    if token is not None and not _same(bearer_token(request), token.get_secret_value()):
+        raise ApiError(
+            401,
+            f"the {api} needs the gateway's {api.split()[0]} token (Authorization: Bearer ...)",
+            "unauthorized",
+        )
+
+
+async def require_control(request: Request, state: GatewayState = Depends(get_state)) -> GatewayState:
+    """The control API: create rollouts, post rewards, finish, read."""
+    _require(request, state.settings.control_token, "control API")
+    return state
+
+
+async def require_admin(request: Request, state: GatewayState = Depends(get_state)) -> GatewayState:
+    """The admin API: its own token, else the control token."""
+    settings = state.settings
+    _require(request, settings.admin_token or settings.control_token, "admin API")
+    return state
+
+
+def check_agent_key(request: Request, rollout_id: str, rollout: RolloutState | None) -> None:
+    """With --rollout-keys, an agent call must carry its rollout's own key. The answer is the same 401 for
+    a missing key, a wrong one, another rollout's and an unknown rollout, so it reveals nothing."""
+    given = bearer_token(request)
+    expected = rollout.api_key_hash if rollout is not None else None
+    if given is None or expected is None or not _same(key_hash(given), expected):
+        raise ApiError(
+            401,
+            f"calls for rollout {rollout_id!r} need its api_key (from POST /rollouts) as their bearer token",
+            "invalid_api_key",
+        )

@@ -1,0 +1,112 @@
+"""Which agent calls go through: the rollout's key, its registration and status, and its limits.
+
+Every refusal happens before any engine time is spent. A call refused by a limit is stored as a `refused`
+turn and the rollout records which limit stopped its agent (`end_reason`); the answer is a 400 that the
+OpenAI SDKs do not retry, so a harness ends cleanly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import Request
+
+from gateway.auth import check_agent_key
+from gateway.errors import ApiError
+from gateway.openai.capture import TurnCapture
+from gateway.openai.recording import account, post_json
+from gateway.state import GatewayState
+from gateway.store import schema
+from gateway.store.records import Limits, RolloutState
+
+CONTEXT_LIMIT = "max_context_tokens"
+TURN_LIMIT = "max_turns"
+_RENDER_KEYS = (
+    "model", "messages", "tools", "add_generation_prompt", "continue_final_message", "add_special_tokens",
+    "chat_template", "chat_template_kwargs", "documents", "mm_processor_kwargs",
+)  # fmt: skip
+"""Request fields that shape the rendered prompt: what /tokenize needs to count it."""
+
+
+async def admit(state: GatewayState, request: Request, rollout_id: str) -> RolloutState | None:
+    """The rollout's state if the call may go on; raises the agent-facing error otherwise."""
+    settings = state.settings
+    rollout = await state.store.rollout_state(rollout_id)
+    if settings.rollout_keys:
+        check_agent_key(request, rollout_id, rollout)
+    if rollout is None and settings.require_registered_rollouts:
+        raise ApiError(404, f"rollout {rollout_id!r} is not registered", "rollout_not_found")
+    if rollout is not None and rollout.status != schema.ROLLOUT_RUNNING:
+        raise ApiError(409, f"rollout {rollout_id!r} is already {rollout.status}", "rollout_finished")
+    return rollout
+
+
+def limits_of(state: GatewayState, rollout: RolloutState | None) -> Limits:
+    defaults = Limits(state.settings.max_turns, state.settings.max_context_tokens)
+    return rollout.limits.over(defaults) if rollout is not None else defaults
+
+
+async def refuse(state: GatewayState, capture: TurnCapture, limit: str, message: str, code: str) -> ApiError:
+    """Store the refused turn and the rollout's end reason; the error to raise."""
+    record = capture.finish()[0]
+    record.status = schema.TURN_REFUSED
+    record.http_status = 400
+    record.error = message
+    record.refused_by = limit
+    record.policy_version_end = state.policy_version
+    record.finished_at = time.time()
+    account(state, record, 400)
+    await state.store.writer.insert_turns([record])
+    return ApiError(400, message, code)
+
+
+async def check_turn_limit(state: GatewayState, capture: TurnCapture, rollout: RolloutState | None) -> None:
+    limit = limits_of(state, rollout).max_turns
+    calls = rollout.calls if rollout is not None else 0
+    if limit is not None and calls >= limit:
+        message = f"rollout {capture.record.rollout_id!r} reached its limit of {limit} model calls"
+        raise await refuse(state, capture, TURN_LIMIT, message, "rollout_turn_limit")
+
+
+def completion_room(limit: int, prompt_tokens: int) -> int | None:
+    """Tokens a reply may take under a context limit; None if the prompt alone reaches it."""
+    room = limit - prompt_tokens
+    return room if room > 0 else None
+
+
+async def check_context_limit(
+    state: GatewayState, capture: TurnCapture, prompt_tokens: int, limit: int
+) -> int:
+    """The room left for the reply, or a refusal when the prompt alone fills the context."""
+    room = completion_room(limit, prompt_tokens)
+    if room is None:
+        message = (
+            f"this model's maximum context length is {limit} tokens for this rollout; "
+            f"the prompt has {prompt_tokens} tokens"
+        )
+        raise await refuse(state, capture, CONTEXT_LIMIT, message, "context_length_exceeded")
+    return room
+
+
+def cap_reply(upstream: dict[str, Any], room: int) -> None:
+    """Cut the reply's length to `room` tokens, whichever field the agent used (vLLM reads both)."""
+    given = [key for key in ("max_completion_tokens", "max_tokens") if isinstance(upstream.get(key), int)]
+    for key in given or ["max_tokens"]:
+        upstream[key] = min(upstream[key], room) if key in given else room
+
+
+async def prompt_tokens(state: GatewayState, capture: TurnCapture, body: dict[str, Any]) -> int:
+    """How many tokens the engine will see, counted by the rollout's backend (`/tokenize`)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        capture.prompt_ids = prompt
+        return len(prompt)
+    if prompt is not None:
+        request = {"model": body.get("model"), "prompt": prompt}
+    else:
+        request = {key: body[key] for key in _RENDER_KEYS if key in body}
+        request.setdefault("add_generation_prompt", True)
+    counted = await post_json(state, capture, request, "/tokenize")
+    capture.prompt_ids = counted.get("tokens") or []
+    return int(counted["count"])

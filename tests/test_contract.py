@@ -1,0 +1,86 @@
+"""The public surface as a contract: `/openapi.json` documents every route, and a schema-driven fuzzer
+(schemathesis) finds no server error, no error outside the OpenAI format and no 2xx that breaks its schema,
+against the running gateway on the real engine, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from gateway.launcher import GatewayProcess
+
+MAX_EXAMPLES = 25
+"""Per operation: bounded, so that the run costs about a minute of engine time."""
+
+
+def test_every_route_documents_its_request_and_its_answers(gateway):
+    document = httpx.get(gateway.url + "/openapi.json").json()
+
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            name = f"{method.upper()} {path}"
+            responses = operation["responses"]
+            assert "200" in responses or "201" in responses, name
+            ok = responses.get("200") or responses["201"]
+            assert ok["content"], name
+            if method == "post" and not path.startswith("/admin/") or path == "/admin/policy_version":
+                assert "requestBody" in operation, name
+            for status, response in responses.items():
+                if status.startswith(("4", "5")):
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, name
+    chat = document["paths"]["/rollouts/{rollout_id}/v1/chat/completions"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ChatCompletionRequest"
+    }
+    assert {"messages", "model", "stream", "n", "tools"} <= set(
+        document["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    )
+
+
+def _bounded(case) -> None:
+    """Keep generation cheap on a CPU engine: at most 2 choices of at most 8 tokens."""
+    if isinstance(case.body, dict):
+        if isinstance(case.body.get("n"), int):
+            case.body["n"] = min(max(case.body["n"], 1), 2)
+        for key in ("max_tokens", "max_completion_tokens"):
+            if isinstance(case.body.get(key), int) and case.body[key] > 8:
+                case.body[key] = 8
+        if "messages" in case.body or "prompt" in case.body:
+            case.body.setdefault("max_tokens", 8)
+
+
+@pytest.fixture
+def fuzz_schema(gateway: GatewayProcess):
+    return schemathesis.openapi.from_url(gateway.url + "/openapi.json")
+
+
+schema = schemathesis.pytest.from_fixture("fuzz_schema")
+
+
+@schema.parametrize()
+@settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+)
+def test_fuzzed_requests_get_no_server_error_and_only_documented_answers(case):
+    _bounded(case)
+    response = case.call(timeout=120)
+
+    case.validate_response(
+        response,
+        checks=(not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance),
+    )
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert isinstance(error["message"], str) and error["message"]

@@ -1,0 +1,50 @@
+"""A client's retry is one call: the retried turn records the attempt it repeats, and trainers never train on
+both. Tested with the real openai SDK, whose first attempt times out while the backend is held."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+
+from trainer_client import TrainerClient
+
+from support import admin, stored_rollout
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "min_tokens": 3}
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_sdk_retry_of_a_timed_out_call_repeats_it_and_is_trained_once(start_gateway, databases, db_kind):
+    db_url = databases.new(db_kind)
+    gateway = start_gateway(db_url)
+    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}).json()
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=1, timeout=3.0)
+    replies: list = []
+
+    admin(gateway, "/pause", json={"mode": "wait"}).raise_for_status()  # nothing is answered until resume
+    caller = threading.Thread(target=lambda: replies.append(agent.chat.completions.create(**CHAT)))
+    caller.start()
+    wait_for(lambda: admin(gateway, "/state").json()["waiting"] == 2)  # the timed-out attempt and its retry
+    admin(gateway, "/resume").raise_for_status()
+    caller.join(timeout=60)
+    wait_for(lambda: len(stored_rollout(gateway, rollout["rollout_id"])["turns"]) == 2)
+
+    turns = {t["attempt"]: t for t in stored_rollout(gateway, rollout["rollout_id"])["turns"]}
+    first, retry = turns[0], turns[1]
+    assert (first["status"], retry["status"]) == ("ok", "ok")
+    assert retry["retry_of"] == first["index"] and first["retry_of"] is None
+    assert retry["content"] == replies[0].choices[0].message.content
+    httpx.post(f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}).raise_for_status()
+    with TrainerClient(db_url) as client:
+        samples = client.read().samples
+    trained = [(s.turn_index, s.masked) for s in samples]
+    assert sorted(trained) == sorted([(first["index"], True), (retry["index"], False)])
