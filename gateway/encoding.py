@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.responses import Response
+from pydantic import BaseModel, ConfigDict, model_validator
+from starlette.responses import JSONResponse
 
 _OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
@@ -16,10 +17,38 @@ def dumps(value: Any) -> bytes:
     return orjson.dumps(value, option=_OPTIONS)
 
 
-class JsonResponse(Response):
-    """FastAPI's response class for the whole app, so that every route encodes through `dumps`."""
-
-    media_type = "application/json"
+class JsonResponse(JSONResponse):
+    """FastAPI's response class for the whole app, so that every route encodes through `dumps` (a
+    JSONResponse, so that FastAPI documents each route's response model)."""
 
     def render(self, content: Any) -> bytes:
         return dumps(content)
+
+
+def _storable(value: Any) -> Any:
+    """Refuse text that has no UTF-8 form (lone surrogates, which JSON's `\\ud800` escapes can spell and
+    the standard library's parser lets through): no database can store it."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError("text must be valid Unicode (a lone surrogate escape is not)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _storable(key)
+            _storable(item)
+    elif isinstance(value, list):
+        for item in value:
+            _storable(item)
+    return value
+
+
+class RequestModel(BaseModel):
+    """A control or admin request body: no unknown fields, and only text the store can hold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_storable_text(cls, data: Any) -> Any:
+        return _storable(data)

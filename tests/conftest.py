@@ -42,7 +42,10 @@ def model_dir(work_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def vllm(model_dir: Path, work_dir: Path) -> Iterator[VLLMServer]:
     server = VLLMServer(
-        model_dir, log_path=work_dir / "vllm.log", api_key=VLLM_KEY, extra_args=["--trust-request-chat-template"]
+        model_dir,
+        log_path=work_dir / "vllm.log",
+        api_key=VLLM_KEY,
+        extra_args=["--trust-request-chat-template"],
     )
     server.start()
     try:

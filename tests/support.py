@@ -14,7 +14,11 @@ TOOLS = [
         "function": {
             "name": "ls",
             "description": "List a directory.",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
         },
     }
 ]
@@ -45,7 +49,9 @@ def stored_rollout(gateway: Any, rollout_id: str, token: str | None = None) -> d
     return response.json()
 
 
-def tokenize_chat(vllm: VLLMServer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+def tokenize_chat(
+    vllm: VLLMServer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """vLLM's own rendering of a chat prompt, as `/tokenize` gives it."""
     body: dict[str, Any] = {"model": "tiny", "messages": messages, "add_generation_prompt": True}
     if tools:
@@ -56,7 +62,9 @@ def tokenize_chat(vllm: VLLMServer, messages: list[dict[str, Any]], tools: list[
 
 
 def detokenize(vllm: VLLMServer, ids: list[int]) -> str:
-    response = httpx.post(vllm.url + "/detokenize", json={"model": "tiny", "tokens": ids}, headers=VLLM_HEADERS, timeout=30)
+    response = httpx.post(
+        vllm.url + "/detokenize", json={"model": "tiny", "tokens": ids}, headers=VLLM_HEADERS, timeout=30
+    )
     response.raise_for_status()
     return response.json()["prompt"]
 
@@ -84,10 +92,14 @@ def run_rollout(
         answer = {"role": "assistant", "content": reply["choices"][0]["message"]["content"]}
         messages = messages + [answer, {"role": "user", "content": "More."}]
     if failing_turn:  # a request vLLM refuses: stored as an error turn
-        httpx.post(created["base_url"] + "/chat/completions", json={**body, "max_tokens": 100_000}, timeout=60)
+        httpx.post(
+            created["base_url"] + "/chat/completions", json={**body, "max_tokens": 100_000}, timeout=60
+        )
     if finish:
         finish_body = {"status": status} if reward is None else {"status": status, "reward": reward}
-        httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json=finish_body, timeout=30).raise_for_status()
+        httpx.post(
+            f"{gateway.url}/rollouts/{rollout_id}/finish", json=finish_body, timeout=30
+        ).raise_for_status()
     return rollout_id
 
 

@@ -23,14 +23,15 @@ def fresh(start_gateway, databases, db_kind):
     return start
 
 
-
 def test_pause_holds_new_calls_until_resume(fresh, rollout_id):
     gateway, db_url = fresh()
     paused = admin(gateway, "/pause", json={"mode": "wait"}).json()
     done = threading.Event()
 
     def call() -> None:
-        httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT, timeout=60).raise_for_status()
+        httpx.post(
+            gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT, timeout=60
+        ).raise_for_status()
         done.set()
 
     caller = threading.Thread(target=call)
@@ -67,7 +68,9 @@ def test_streamed_turn_survives_a_keep_mode_weight_update_and_records_its_versio
     gateway, db_url = fresh("--mode", "exact", "--policy-version", "1")
     body = {**CHAT, "max_tokens": 1900, "min_tokens": 1900, "stream": True}
     try:
-        with httpx.stream("POST", gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=120) as reply:
+        with httpx.stream(
+            "POST", gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=120
+        ) as reply:
             lines = reply.iter_lines()
             first = next(lines)
             admin(gateway, "/pause", json={"mode": "keep"}).raise_for_status()
@@ -119,7 +122,11 @@ def test_admin_api_requires_the_token_when_one_is_set(fresh):
     assert (refused.status_code, wrong.status_code, allowed.status_code) == (401, 401, 200)
     assert refused.json()["error"]["code"] == "unauthorized"
     assert allowed.json() == {
-        "paused": False, "in_flight": 0, "waiting": 0, "policy_version": "0", "backends": allowed.json()["backends"]
+        "paused": False,
+        "in_flight": 0,
+        "waiting": 0,
+        "policy_version": "0",
+        "backends": allowed.json()["backends"],
     }
 
 

@@ -88,8 +88,12 @@ def sse_events(raw: bytes) -> list[Any]:
 
 def test_streamed_reply_equals_vllm_stream_chunk_for_chunk(gateway, vllm, rollout_id):
     body = {"messages": MESSAGES, **SAMPLING, "stream": True}
-    direct = sse_events(httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60).content)
-    through = sse_events(httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60).content)
+    direct = sse_events(
+        httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60).content
+    )
+    through = sse_events(
+        httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60).content
+    )
 
     assert through[-1] == direct[-1] == "[DONE]"
     assert [without_ids(c) for c in through[:-1]] == [without_ids(c) for c in direct[:-1]]
@@ -107,11 +111,22 @@ def test_streaming_and_non_streaming_store_the_same_fields(gateway, db_url, roll
     assert (first["stream"], second["stream"]) == (False, True)
     assert streamed_text == whole.choices[0].message.content
     for field in (
-        "status", "content", "finish_reason", "prompt_token_ids", "completion_token_ids", "prompt_tokens",
-        "completion_tokens", "messages", "tool_calls", "reasoning", "policy_version",
+        "status",
+        "content",
+        "finish_reason",
+        "prompt_token_ids",
+        "completion_token_ids",
+        "prompt_tokens",
+        "completion_tokens",
+        "messages",
+        "tool_calls",
+        "reasoning",
+        "policy_version",
     ):
         assert first[field] == second[field], field
-    assert [round(x, 4) for x in first["completion_logprobs"]] == [round(x, 4) for x in second["completion_logprobs"]]
+    assert [round(x, 4) for x in first["completion_logprobs"]] == [
+        round(x, 4) for x in second["completion_logprobs"]
+    ]
     assert second["first_token_at"] <= second["finished_at"]
 
 
@@ -130,7 +145,11 @@ def test_completions_endpoint_with_token_id_prompt_is_captured(gateway, vllm, db
 def test_streamed_completions_are_captured_like_whole_ones(gateway, db_url, rollout_id):
     agent = client(gateway, rollout_id)
     whole = agent.completions.create(prompt="Once upon a time", **SAMPLING)
-    text = "".join(chunk.choices[0].text for chunk in agent.completions.create(prompt="Once upon a time", **SAMPLING, stream=True) if chunk.choices)
+    text = "".join(
+        chunk.choices[0].text
+        for chunk in agent.completions.create(prompt="Once upon a time", **SAMPLING, stream=True)
+        if chunk.choices
+    )
 
     first, second = stored_rollout(gateway, rollout_id)["turns"]
     assert text == whole.choices[0].text == first["content"] == second["content"]

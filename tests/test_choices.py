@@ -17,8 +17,8 @@ MESSAGES = [{"role": "user", "content": "Say something."}]
 @pytest.mark.parametrize("stream", [False, True])
 def test_each_choice_is_stored_as_its_own_turn(gateway, rollout_id, stream):
     agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
-    body = {"model": "tiny", "messages": MESSAGES, "n": 3, "max_tokens": 6, "min_tokens": 2, "temperature": 1.0}
-    extra = {"return_token_ids": True}
+    body = {"model": "tiny", "messages": MESSAGES, "n": 3, "max_tokens": 6, "temperature": 1.0}
+    extra = {"return_token_ids": True, "min_tokens": 2}
 
     if stream:
         ids: dict[int, list[int]] = {0: [], 1: [], 2: []}
@@ -42,7 +42,14 @@ def test_each_choice_is_stored_as_its_own_turn(gateway, rollout_id, stream):
 
 
 def test_completions_with_several_choices_store_each(gateway, rollout_id):
-    body = {"model": "tiny", "prompt": [5, 6, 7], "n": 2, "max_tokens": 3, "min_tokens": 3, "return_token_ids": True}
+    body = {
+        "model": "tiny",
+        "prompt": [5, 6, 7],
+        "n": 2,
+        "max_tokens": 3,
+        "min_tokens": 3,
+        "return_token_ids": True,
+    }
     reply = httpx.post(gateway.agent_url(rollout_id) + "/completions", json=body, timeout=60).json()
 
     turns = stored_rollout(gateway, rollout_id)["turns"]
@@ -58,7 +65,9 @@ def test_trainer_sees_one_sample_per_choice(start_gateway, databases, db_kind):
     rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "one-call"}).json()
     body = {"model": "tiny", "messages": MESSAGES, "n": 4, "max_tokens": 3, "min_tokens": 3}
     httpx.post(rollout["base_url"] + "/chat/completions", json=body, timeout=60).raise_for_status()
-    httpx.post(f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}).raise_for_status()
+    httpx.post(
+        f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}
+    ).raise_for_status()
 
     with TrainerClient(db_url) as client:
         samples = client.read().samples

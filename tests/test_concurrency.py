@@ -21,13 +21,22 @@ async def two_turn_agent(base_url: str, index: int, stream: bool) -> list[dict]:
         if stream:
             text = ""
             async for chunk in await agent.chat.completions.create(
-                model="tiny", messages=messages, max_tokens=6, temperature=1.0, seed=index, stream=True,
+                model="tiny",
+                messages=messages,
+                max_tokens=6,
+                temperature=1.0,
+                seed=index,
+                stream=True,
                 extra_body={"min_tokens": 6},
             ):
                 text += chunk.choices[0].delta.content or "" if chunk.choices else ""
         else:
             reply = await agent.chat.completions.create(
-                model="tiny", messages=messages, max_tokens=6, temperature=1.0, seed=index,
+                model="tiny",
+                messages=messages,
+                max_tokens=6,
+                temperature=1.0,
+                seed=index,
                 extra_body={"min_tokens": 6},
             )
             text = reply.choices[0].message.content

@@ -12,7 +12,9 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
 
 
 def test_create_rollout_returns_the_agent_base_url(gateway):
-    response = httpx.post(gateway.url + "/rollouts", json={"group_id": "g-1", "task_id": "t-9", "metadata": {"k": [1]}})
+    response = httpx.post(
+        gateway.url + "/rollouts", json={"group_id": "g-1", "task_id": "t-9", "metadata": {"k": [1]}}
+    )
 
     assert response.status_code == 201
     body = response.json()
@@ -47,11 +49,15 @@ def test_rewards_and_finish_are_recorded(gateway, db_url, rollout_id):
     httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id, "group_id": "g-r"})
     httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT)
 
-    turn_reward = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 0.25, "turn_index": 0})
+    turn_reward = httpx.post(
+        f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 0.25, "turn_index": 0}
+    )
     rollout_reward = httpx.post(
         f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 0.5, "components": {"format": 0.5}}
     )
-    finish = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"status": "truncated", "reward": 0.75})
+    finish = httpx.post(
+        f"{gateway.url}/rollouts/{rollout_id}/finish", json={"status": "truncated", "reward": 0.75}
+    )
     second_finish = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={})
 
     assert (turn_reward.status_code, rollout_reward.status_code, finish.status_code) == (200, 200, 200)
@@ -86,7 +92,9 @@ def test_invalid_rewards_are_refused_without_touching_the_rollout(gateway, db_ur
     httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id})
 
     response = httpx.post(
-        f"{gateway.url}/rollouts/{rollout_id}/reward", content=content, headers={"content-type": "application/json"}
+        f"{gateway.url}/rollouts/{rollout_id}/reward",
+        content=content,
+        headers={"content-type": "application/json"},
     )
 
     assert response.status_code in (400, 422)
@@ -98,7 +106,9 @@ def test_invalid_rewards_are_refused_without_touching_the_rollout(gateway, db_ur
 def test_reward_for_unknown_rollout_or_turn_is_404(gateway, rollout_id):
     assert httpx.post(f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 1.0}).status_code == 404
     httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id})
-    missing_turn = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 1.0, "turn_index": 3})
+    missing_turn = httpx.post(
+        f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 1.0, "turn_index": 3}
+    )
     assert missing_turn.status_code == 404
     assert missing_turn.json()["error"]["code"] == "turn_not_found"
 
@@ -124,8 +134,15 @@ def test_get_rollout_shows_turns_and_tokens_only_on_request(gateway, rollout_id)
     assert {"rollout_id", "group_id", "status", "reward", "turns"} <= set(plain)
     assert "prompt_token_ids" not in plain["turns"][0]
     turn = full["turns"][0]
-    for field in ("index", "status", "finish_reason", "prompt_token_ids", "completion_token_ids",
-                  "completion_logprobs", "policy_version"):
+    for field in (
+        "index",
+        "status",
+        "finish_reason",
+        "prompt_token_ids",
+        "completion_token_ids",
+        "completion_logprobs",
+        "policy_version",
+    ):
         assert field in turn
     assert len(turn["completion_token_ids"]) == len(turn["completion_logprobs"]) == 3
     assert httpx.get(f"{gateway.url}/rollouts/nope-{rollout_id}").status_code == 404

@@ -19,7 +19,9 @@ def test_killed_gateway_keeps_every_acknowledged_turn(start_gateway, databases, 
 
     async def agents() -> list[str]:
         async def one(i: int) -> str:
-            agent = openai.AsyncOpenAI(base_url=first.agent_url(f"crash-{i}"), api_key="unused", max_retries=0)
+            agent = openai.AsyncOpenAI(
+                base_url=first.agent_url(f"crash-{i}"), api_key="unused", max_retries=0
+            )
             await agent.chat.completions.create(**CHAT)
             reply = await agent.chat.completions.create(**CHAT, stream=True)
             async for _ in reply:
@@ -33,7 +35,9 @@ def test_killed_gateway_keeps_every_acknowledged_turn(start_gateway, databases, 
 
     second = start_gateway(db_url)
     for rollout_id in acknowledged:
-        turns = httpx.get(f"{second.url}/rollouts/{rollout_id}", params={"include_tokens": "true"}).json()["turns"]
+        turns = httpx.get(f"{second.url}/rollouts/{rollout_id}", params={"include_tokens": "true"}).json()[
+            "turns"
+        ]
         assert [(t["status"], t["stream"]) for t in turns] == [("ok", False), ("ok", True)]
         assert turns[1]["prompt_token_ids"] == turns[0]["prompt_token_ids"]
     agent = openai.OpenAI(base_url=second.agent_url(acknowledged[0]), api_key="unused", max_retries=0)
@@ -43,7 +47,9 @@ def test_killed_gateway_keeps_every_acknowledged_turn(start_gateway, databases, 
 
 def test_client_leaving_mid_stream_leaves_a_cancelled_turn(gateway, db_url, rollout_id):
     body = {**CHAT, "max_tokens": 1500, "min_tokens": 1500, "stream": True}
-    with httpx.stream("POST", gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream(
+        "POST", gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60
+    ) as response:
         received = 0
         for line in response.iter_lines():
             if line.startswith("data: "):

@@ -14,7 +14,9 @@ from trainer_client import SampleOptions, TrainerClient
 
 from support import TOOLS, VLLM_HEADERS, detokenize, stored_rollout, tokenize_chat
 
-THINK_THEN_CALL = r'<think>[a-z]{2,6}</think><tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
+THINK_THEN_CALL = (
+    r'<think>[a-z]{2,6}</think><tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
+)
 TURNS = 5
 
 
@@ -22,12 +24,23 @@ def run_agent(base_url: str, *, stream: bool) -> list[dict]:
     """Five turns of think + tool call; each tool result is followed by a user message, so the template strips
     the thinking of every earlier answer when it re-renders the history."""
     agent = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    messages: list[dict] = [{"role": "system", "content": "Think, then list /tmp."}, {"role": "user", "content": "Go."}]
+    messages: list[dict] = [
+        {"role": "system", "content": "Think, then list /tmp."},
+        {"role": "user", "content": "Go."},
+    ]
     replies = []
     for _ in range(TURNS):
         kwargs = dict(
-            model="tiny", messages=messages, tools=TOOLS, max_tokens=120, temperature=1.0, seed=1,
-            extra_body={"structured_outputs": {"regex": THINK_THEN_CALL}, "chat_template": THINK_STRIPPING_CHAT_TEMPLATE},
+            model="tiny",
+            messages=messages,
+            tools=TOOLS,
+            max_tokens=120,
+            temperature=1.0,
+            seed=1,
+            extra_body={
+                "structured_outputs": {"regex": THINK_THEN_CALL},
+                "chat_template": THINK_STRIPPING_CHAT_TEMPLATE,
+            },
         )
         if stream:
             content, calls, finish = "", {}, None
@@ -37,7 +50,10 @@ def run_agent(base_url: str, *, stream: bool) -> list[dict]:
                 delta = chunk.choices[0].delta
                 content += delta.content or ""
                 for piece in delta.tool_calls or ():
-                    call = calls.setdefault(piece.index, {"id": piece.id, "type": "function", "function": {"name": "", "arguments": ""}})
+                    call = calls.setdefault(
+                        piece.index,
+                        {"id": piece.id, "type": "function", "function": {"name": "", "arguments": ""}},
+                    )
                     call["function"]["name"] += piece.function.name or ""
                     call["function"]["arguments"] += piece.function.arguments or ""
                 finish = chunk.choices[0].finish_reason or finish
@@ -45,8 +61,11 @@ def run_agent(base_url: str, *, stream: bool) -> list[dict]:
         else:
             choice = agent.chat.completions.create(**kwargs).choices[0]
             finish = choice.finish_reason
-            reply = {"role": "assistant", "content": choice.message.content,
-                     "tool_calls": [c.model_dump() for c in choice.message.tool_calls or ()]}
+            reply = {
+                "role": "assistant",
+                "content": choice.message.content,
+                "tool_calls": [c.model_dump() for c in choice.message.tool_calls or ()],
+            }
         replies.append({"finish_reason": finish, **reply})
         messages += [
             {k: v for k, v in reply.items()},
@@ -57,7 +76,9 @@ def run_agent(base_url: str, *, stream: bool) -> list[dict]:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_exact_mode_extends_every_turn_token_for_token_and_merges(start_gateway, databases, db_kind, vllm, stream):
+def test_exact_mode_extends_every_turn_token_for_token_and_merges(
+    start_gateway, databases, db_kind, vllm, stream
+):
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url, "--mode", "exact")
     rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}).json()
@@ -87,7 +108,9 @@ def test_exact_mode_extends_every_turn_token_for_token_and_merges(start_gateway,
     assert len(steps) == TURNS
 
 
-def test_pass_through_on_a_think_stripping_template_drifts_and_does_not_merge(start_gateway, databases, db_kind, vllm):
+def test_pass_through_on_a_think_stripping_template_drifts_and_does_not_merge(
+    start_gateway, databases, db_kind, vllm
+):
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url, "--mode", "passthrough")
     rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}).json()
@@ -108,14 +131,23 @@ def test_rollout_can_choose_exact_mode_and_a_cut_reply_falls_back_to_the_plain_r
     agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "Hi"}]
     first = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
-    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "More"}]
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "More"},
+    ]
     second = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
 
     turns = stored_rollout(gateway, rollout["rollout_id"])["turns"]
     assert rollout["mode"] == "exact"
     assert first.choices[0].finish_reason == second.choices[0].finish_reason == "length"
-    assert [t["splice"] for t in turns] == ["render", "fallback: parent reply ended with finish_reason=length"]
-    assert [t["prompt_token_ids"] for t in turns] == [tokenize_chat(vllm, messages[:1]), tokenize_chat(vllm, messages)]
+    assert [t["splice"] for t in turns] == [
+        "render",
+        "fallback: parent reply ended with finish_reason=length",
+    ]
+    assert [t["prompt_token_ids"] for t in turns] == [
+        tokenize_chat(vllm, messages[:1]),
+        tokenize_chat(vllm, messages),
+    ]
     assert turns[1]["parent_turn"] == 0
 
 
@@ -125,11 +157,22 @@ def test_edited_history_in_exact_mode_forks_and_splices_nothing(start_gateway, d
     rollout = httpx.post(gateway.url + "/rollouts", json={}).json()
     agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
     history = [{"role": "user", "content": "Tell me about /tmp."}]
-    reply = agent.chat.completions.create(model="tiny", messages=history, max_tokens=30, temperature=0,
-                                          extra_body={"structured_outputs": {"regex": "[a-z]{3}"}})
-    history += [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "And?"}]
+    reply = agent.chat.completions.create(
+        model="tiny",
+        messages=history,
+        max_tokens=30,
+        temperature=0,
+        extra_body={"structured_outputs": {"regex": "[a-z]{3}"}},
+    )
+    history += [
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": "And?"},
+    ]
     agent.chat.completions.create(model="tiny", messages=history, max_tokens=5, temperature=0)
-    summary = [{"role": "user", "content": "Summary: we talked about /tmp."}, {"role": "user", "content": "And?"}]
+    summary = [
+        {"role": "user", "content": "Summary: we talked about /tmp."},
+        {"role": "user", "content": "And?"},
+    ]
     agent.chat.completions.create(model="tiny", messages=summary, max_tokens=5, temperature=0)
 
     turns = stored_rollout(gateway, rollout["rollout_id"])["turns"]

@@ -47,7 +47,9 @@ def test_gradient_flows_only_through_unclipped_loss_tokens():
 
 def test_truncated_importance_weight_uses_the_trainers_recomputation():
     new = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]))
-    proximal = torch.log(torch.tensor([[0.5, 1.0, 0.6], [0.5, 0.25, 0.5]]))  # weights 2 -> capped 1.5, 1.2, 0.5
+    proximal = torch.log(
+        torch.tensor([[0.5, 1.0, 0.6], [0.5, 0.25, 0.5]])
+    )  # weights 2 -> capped 1.5, 1.2, 0.5
 
     loss, _ = grpo_loss(new, OLD, ADV, MASK, proximal_logprobs=proximal, tis_cap=1.5)
 

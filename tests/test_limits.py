@@ -51,8 +51,15 @@ def test_a_call_past_max_turns_is_refused_recorded_and_ends_the_rollout(gateway_
     error = assert_refused(refused, "rollout_turn_limit")
     assert error["message"] == f"rollout {rollout['rollout_id']!r} reached its limit of 2 model calls"
     stored = stored_rollout(gateway, rollout["rollout_id"])
-    assert (stored["limits"], stored["end_reason"]) == ({"max_turns": 2, "max_context_tokens": None}, "max_turns")
-    assert [(t["status"], t["http_status"]) for t in stored["turns"]] == [("ok", 200), ("ok", 200), ("refused", 400)]
+    assert (stored["limits"], stored["end_reason"]) == (
+        {"max_turns": 2, "max_context_tokens": None},
+        "max_turns",
+    )
+    assert [(t["status"], t["http_status"]) for t in stored["turns"]] == [
+        ("ok", 200),
+        ("ok", 200),
+        ("refused", 400),
+    ]
     assert stored["turns"][2]["error"] == error["message"]
     assert stored["turns"][2]["completion_token_ids"] == []
 

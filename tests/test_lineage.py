@@ -17,12 +17,20 @@ from support import LS_TMP_REGEX, TOOLS, stored_rollout, tokenize_chat
 def chat(gateway, rollout_id: str, messages: list[dict], **extra) -> dict:
     agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
     reply = agent.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=60, temperature=0.0, extra_body=extra or None,
+        model="tiny",
+        messages=messages,
+        max_tokens=60,
+        temperature=0.0,
+        extra_body=extra or None,
         tools=TOOLS if extra else openai.NOT_GIVEN,
     )
     message = reply.choices[0].message
     if message.tool_calls:
-        return {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in message.tool_calls]}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [c.model_dump() for c in message.tool_calls],
+        }
     return {"role": "assistant", "content": message.content}
 
 
@@ -35,7 +43,10 @@ def test_each_turn_records_its_parent_and_exact_drift(gateway, vllm, db_url, rol
     messages = [{"role": "user", "content": "List /tmp."}]
     for _ in range(3):
         reply = chat(gateway, rollout_id, messages, structured_outputs={"regex": LS_TMP_REGEX})
-        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "a.txt"}]
+        messages += [
+            reply,
+            {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "a.txt"},
+        ]
 
     turns = stored_rollout(gateway, rollout_id)["turns"]
     assert [(t["parent_turn"], t["forked_from"]) for t in turns] == [(None, None), (0, None), (1, None)]
@@ -45,20 +56,30 @@ def test_each_turn_records_its_parent_and_exact_drift(gateway, vllm, db_url, rol
     # The re-rendered tool call is tokenized differently from the characters the model sampled one by one.
     assert all(t["drift_tokens"] > 0 for t in turns[1:])
     shown = httpx.get(f"{gateway.url}/rollouts/{rollout_id}").json()["turns"]
-    assert [(t["parent_turn"], t["drift_tokens"]) for t in shown] == [(t["parent_turn"], t["drift_tokens"]) for t in turns]
+    assert [(t["parent_turn"], t["drift_tokens"]) for t in shown] == [
+        (t["parent_turn"], t["drift_tokens"]) for t in turns
+    ]
 
 
 def test_turn_that_reproduces_its_parent_exactly_has_zero_drift(gateway, vllm, db_url, rollout_id):
     agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
-    first = agent.completions.create(model="tiny", prompt=tokenize_chat(vllm, [{"role": "user", "content": "Hi"}]),
-                                     max_tokens=5, extra_body={"min_tokens": 5})
+    first = agent.completions.create(
+        model="tiny",
+        prompt=tokenize_chat(vllm, [{"role": "user", "content": "Hi"}]),
+        max_tokens=5,
+        extra_body={"min_tokens": 5},
+    )
     stored = stored_rollout(gateway, rollout_id)["turns"][0]
     extended = stored["prompt_token_ids"] + stored["completion_token_ids"] + [198]
     agent.completions.create(model="tiny", prompt=extended, max_tokens=3)
 
     second = stored_rollout(gateway, rollout_id)["turns"][1]
     assert first.choices[0].text
-    assert (second["parent_turn"], second["drift_tokens"], second["prefix_tokens"]) == (0, 0, len(extended) - 1)
+    assert (second["parent_turn"], second["drift_tokens"], second["prefix_tokens"]) == (
+        0,
+        0,
+        len(extended) - 1,
+    )
     assert second["prompt_token_ids"] == extended
 
 
@@ -80,8 +101,12 @@ def test_edited_history_forks_a_new_chain_and_keeps_exact_prompts(gateway, vllm,
 def test_drift_views_count_extending_drifted_and_forked_turns(gateway, db_url, rollout_id):
     messages = [{"role": "user", "content": "List /tmp."}]
     reply = chat(gateway, rollout_id, messages, structured_outputs={"regex": LS_TMP_REGEX})
-    chat(gateway, rollout_id, messages + [reply, {"role": "tool", "tool_call_id": "x", "content": "a.txt"}],
-         structured_outputs={"regex": LS_TMP_REGEX})
+    chat(
+        gateway,
+        rollout_id,
+        messages + [reply, {"role": "tool", "tool_call_id": "x", "content": "a.txt"}],
+        structured_outputs={"regex": LS_TMP_REGEX},
+    )
     chat(gateway, rollout_id, [{"role": "user", "content": "Unrelated."}])
 
     engine = make_engine(db_url)

@@ -13,7 +13,7 @@ from trainer_client import TrainerClient
 
 from support import admin, stored_rollout
 
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "min_tokens": 3}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
 def wait_for(condition, timeout: float = 60.0) -> None:
@@ -43,7 +43,9 @@ def test_sdk_retry_of_a_timed_out_call_repeats_it_and_is_trained_once(start_gate
     assert (first["status"], retry["status"]) == ("ok", "ok")
     assert retry["retry_of"] == first["index"] and first["retry_of"] is None
     assert retry["content"] == replies[0].choices[0].message.content
-    httpx.post(f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}).raise_for_status()
+    httpx.post(
+        f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}
+    ).raise_for_status()
     with TrainerClient(db_url) as client:
         samples = client.read().samples
     trained = [(s.turn_index, s.masked) for s in samples]

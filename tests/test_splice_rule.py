@@ -31,7 +31,10 @@ def test_history_rewritten_by_the_template_does_not_matter():
 
 def test_reply_cut_by_max_tokens_falls_back_to_the_plain_render():
     result = splice(PARENT[:-1], "length", PARENT_RENDER, PLAIN)
-    assert (result.how, result.prompt_ids.tolist()) == ("fallback: parent reply ended with finish_reason=length", PLAIN.tolist())
+    assert (result.how, result.prompt_ids.tolist()) == (
+        "fallback: parent reply ended with finish_reason=length",
+        PLAIN.tolist(),
+    )
 
 
 def test_template_without_the_end_token_falls_back():
@@ -41,9 +44,14 @@ def test_template_without_the_end_token_falls_back():
 
 def test_new_render_that_closes_the_reply_differently_falls_back():
     plain = ids(1, 50, 5, 2, 9, 1, 60, 78, 2, 1, 70, 4, 2, 9, 1, 60)  # no newline after the reply
-    assert splice(PARENT, "stop", PARENT_RENDER, plain).how == "fallback: the new render closes the parent's reply differently"
+    assert (
+        splice(PARENT, "stop", PARENT_RENDER, plain).how
+        == "fallback: the new render closes the parent's reply differently"
+    )
 
 
 def test_new_render_with_fewer_closings_falls_back():
     plain = ids(1, 50, 5, 2, 9, 1, 60)
-    assert splice(PARENT, "stop", PARENT_RENDER, plain).how.startswith("fallback: the new render closes fewer")
+    assert splice(PARENT, "stop", PARENT_RENDER, plain).how.startswith(
+        "fallback: the new render closes fewer"
+    )

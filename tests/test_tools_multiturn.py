@@ -18,7 +18,9 @@ def agent(gateway, rollout_id: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
 
 
-def test_forced_tool_call_is_parsed_for_the_agent_and_stored_with_its_markup_ids(gateway, vllm, db_url, rollout_id):
+def test_forced_tool_call_is_parsed_for_the_agent_and_stored_with_its_markup_ids(
+    gateway, vllm, db_url, rollout_id
+):
     messages = [{"role": "user", "content": "What is in /tmp?"}]
     reply = agent(gateway, rollout_id).chat.completions.create(
         model="tiny", messages=messages, tools=TOOLS, max_tokens=80, temperature=0.0, extra_body=FORCE_LS
@@ -39,10 +41,17 @@ def test_forced_tool_call_is_parsed_for_the_agent_and_stored_with_its_markup_ids
 def test_streamed_tool_call_is_assembled_like_the_whole_one(gateway, db_url, rollout_id):
     messages = [{"role": "user", "content": "What is in /tmp?"}]
     stream = agent(gateway, rollout_id).chat.completions.create(
-        model="tiny", messages=messages, tools=TOOLS, max_tokens=80, temperature=0.0, extra_body=FORCE_LS,
+        model="tiny",
+        messages=messages,
+        tools=TOOLS,
+        max_tokens=80,
+        temperature=0.0,
+        extra_body=FORCE_LS,
         stream=True,
     )
-    finish = [chunk.choices[0].finish_reason for chunk in stream if chunk.choices and chunk.choices[0].finish_reason]
+    finish = [
+        chunk.choices[0].finish_reason for chunk in stream if chunk.choices and chunk.choices[0].finish_reason
+    ]
 
     turn = stored_rollout(gateway, rollout_id)["turns"][0]
     assert finish == ["tool_calls"]
@@ -59,12 +68,17 @@ def run_tool_agent(client: openai.OpenAI, turns: int, stream: bool) -> list[list
     sent = []
     for _ in range(turns):
         sent.append(list(messages))
-        kwargs = dict(model="tiny", messages=messages, tools=TOOLS, max_tokens=80, temperature=0.0, extra_body=FORCE_LS)
+        kwargs = dict(
+            model="tiny", messages=messages, tools=TOOLS, max_tokens=80, temperature=0.0, extra_body=FORCE_LS
+        )
         if stream:
             calls: dict[int, dict] = {}
             for chunk in client.chat.completions.create(**kwargs, stream=True):
                 for piece in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
-                    call = calls.setdefault(piece.index, {"id": piece.id, "type": "function", "function": {"name": "", "arguments": ""}})
+                    call = calls.setdefault(
+                        piece.index,
+                        {"id": piece.id, "type": "function", "function": {"name": "", "arguments": ""}},
+                    )
                     call["function"]["name"] += piece.function.name or ""
                     call["function"]["arguments"] += piece.function.arguments or ""
             tool_calls = list(calls.values())

@@ -82,7 +82,9 @@ def test_padded_and_packed_tensors_lay_out_each_sample_exactly(store):
         assert padded["input_ids"][row, :length].tolist() == sample.input_ids.tolist()
         assert padded["input_ids"][row, length:].tolist() == [-1] * (max(lengths) - length)
         assert padded["attention_mask"][row].tolist() == [1] * length + [0] * (max(lengths) - length)
-        assert padded["loss_mask"][row].tolist() == [0.0] * prompt + [1.0] * 4 + [0.0] * (max(lengths) - length)
+        assert padded["loss_mask"][row].tolist() == [0.0] * prompt + [1.0] * 4 + [0.0] * (
+            max(lengths) - length
+        )
         assert padded["old_logprobs"][row, prompt:length].tolist() == sample.logprobs.tolist()
         assert padded["old_logprobs"][row, :prompt].abs().sum() == 0
         assert torch.allclose(padded["advantages"][row], padded["loss_mask"][row] * sample.advantage)
@@ -187,7 +189,9 @@ def test_two_trainer_processes_claim_every_rollout_exactly_once(store):
     rollouts = {run_rollout(gateway, f"g{i}", reward=float(i % 2), turns=1) for i in range(16)}
 
     trainers = [
-        subprocess.Popen([sys.executable, "-c", CLAIMER, db_url, f"trainer-{n}"], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, db_url, f"trainer-{n}"], stdout=subprocess.PIPE, text=True
+        )
         for n in range(2)
     ]
     taken = [json.loads(trainer.communicate(timeout=120)[0]) for trainer in trainers]
@@ -202,16 +206,36 @@ def test_export_jsonl_writes_documented_fields_and_claims_nothing(store, tmp_pat
     output = tmp_path / "samples.jsonl"
 
     subprocess.run(
-        [sys.executable, "-m", "trainer_client.cli", "export", "--db", db_url, "--format", "jsonl", "-o", str(output)],
+        [
+            sys.executable,
+            "-m",
+            "trainer_client.cli",
+            "export",
+            "--db",
+            db_url,
+            "--format",
+            "jsonl",
+            "-o",
+            str(output),
+        ],
         check=True,
     )
 
     lines = [json.loads(line) for line in output.read_text().splitlines()]
     assert [(line["rollout_id"], line["step"], line["is_last_step"]) for line in lines] == [
-        (rollout, 0, False), (rollout, 1, True)
+        (rollout, 0, False),
+        (rollout, 1, True),
     ]
-    for field in ("group_id", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward", "advantage",
-                  "policy_version"):
+    for field in (
+        "group_id",
+        "prompt_ids",
+        "completion_ids",
+        "loss_mask",
+        "logprobs",
+        "reward",
+        "advantage",
+        "policy_version",
+    ):
         assert field in lines[0]
     assert lines[1]["loss_mask"] == [0] * len(lines[1]["prompt_ids"]) + [1] * 4
     assert stored_rollout(gateway, rollout)["claimed_by"] is None
@@ -226,7 +250,18 @@ def test_export_parquet_holds_the_same_samples(store, tmp_path):
     output = tmp_path / "samples.parquet"
 
     subprocess.run(
-        [sys.executable, "-m", "trainer_client.cli", "export", "--db", db_url, "--format", "parquet", "-o", str(output)],
+        [
+            sys.executable,
+            "-m",
+            "trainer_client.cli",
+            "export",
+            "--db",
+            db_url,
+            "--format",
+            "parquet",
+            "-o",
+            str(output),
+        ],
         check=True,
     )
 
@@ -243,13 +278,18 @@ def test_stats_counts_rollouts_turns_errors_and_claims(store):
     report = json.loads(
         subprocess.run(
             [sys.executable, "-m", "trainer_client.cli", "stats", "--db", db_url, "--json"],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
     )
 
     assert report["rollouts"] == [{"status": "completed", "rollouts": 2}]
     assert {row["status"]: row["turns"] for row in report["turns"]} == {"error": 1, "ok": 3}
-    assert {row["state"]: row["rollouts"] for row in report["claims"]} == {"skipped: error_turns": 1, "trained": 1}
+    assert {row["state"]: row["rollouts"] for row in report["claims"]} == {
+        "skipped: error_turns": 1,
+        "trained": 1,
+    }
     assert report["policy_versions"][0]["policy_version"] == "0"
     assert report["policy_versions"][0]["error_turns"] == 1
 
@@ -259,7 +299,8 @@ def test_tail_prints_groups_as_they_finish(store):
     run_rollout(gateway, "before", reward=1.0, turns=1)
     tail = subprocess.Popen(
         [sys.executable, "-m", "trainer_client.cli", "tail", "--db", db_url, "--interval", "0.2"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         header, first = tail.stdout.readline(), tail.stdout.readline()
@@ -281,7 +322,13 @@ def exact_completions_rollout(gateway, vllm, turns: int) -> str:
     for _ in range(turns):
         reply = httpx.post(
             created["base_url"] + "/completions",
-            json={"model": "tiny", "prompt": prompt, "max_tokens": 3, "min_tokens": 3, "return_token_ids": True},
+            json={
+                "model": "tiny",
+                "prompt": prompt,
+                "max_tokens": 3,
+                "min_tokens": 3,
+                "return_token_ids": True,
+            },
         ).json()["choices"][0]
         prompt = reply["prompt_token_ids"] + reply["token_ids"] + [198]
     httpx.post(f"{gateway.url}/rollouts/{created['rollout_id']}/finish", json={"reward": 1.0})
@@ -301,7 +348,9 @@ def test_merged_sample_joins_an_exact_chain_and_keeps_every_completion_token(sto
     assert sample.input_ids.tolist() == steps[-1].input_ids.tolist()
     kept = sample.input_ids[sample.loss_mask == 1]
     assert kept.tolist() == [t for s in steps for t in s.completion_ids.tolist()]
-    assert sample.token_logprobs[sample.loss_mask == 1].tolist() == [x for s in steps for x in s.logprobs.tolist()]
+    assert sample.token_logprobs[sample.loss_mask == 1].tolist() == [
+        x for s in steps for x in s.logprobs.tolist()
+    ]
     assert sample.token_logprobs[sample.loss_mask == 0].tolist() == [0.0] * int((sample.loss_mask == 0).sum())
     batch = client.read(SampleOptions(merged=True))
     assert batch.metrics()["tokens"] == len(sample.input_ids) < sum(len(s.input_ids) for s in steps)
@@ -353,7 +402,10 @@ def test_a_killed_trainers_claims_return_after_its_lease(store):
     gateway, client, db_url = store
     rollouts = [run_rollout(gateway, "g", reward=r, turns=1) for r in (1.0, 0.0)]
     doomed = subprocess.Popen(
-        [sys.executable, "-c", KILLED_TRAINER, db_url, "2.0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", KILLED_TRAINER, db_url, "2.0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert doomed.stdout.readline() == "2\n"
     doomed.kill()
@@ -397,14 +449,29 @@ def test_eval_rollouts_are_never_served_for_training_and_are_reported_per_versio
     for task, rewards in (("a", (1.0, 0.0, 0.0, None)), ("b", (1.0, 1.0, 0.5))):
         for reward in rewards:
             status = "completed" if reward is not None else "failed"
-            run_rollout(gateway, f"eval-{task}", reward=reward, status=status, turns=1, tags=["eval"], task_id=task)
+            run_rollout(
+                gateway, f"eval-{task}", reward=reward, status=status, turns=1, tags=["eval"], task_id=task
+            )
     output = tmp_path / "eval.json"
 
     trained = client.claim("t", 0)
     subprocess.run(
-        [sys.executable, "-m", "trainer_client.cli", "eval", "--db", db_url, "-k", "1", "-k", "2",
-         "-o", str(output)],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "trainer_client.cli",
+            "eval",
+            "--db",
+            db_url,
+            "-k",
+            "1",
+            "-k",
+            "2",
+            "-o",
+            str(output),
+        ],
+        check=True,
+        capture_output=True,
     )
 
     assert {s.group_id for s in trained.samples} == {"train"}

@@ -58,15 +58,22 @@ admin = functools.partial(support.admin, timeout=120)  # pauses here drain hundr
 def vllm_running(server: VLLMServer) -> int:
     """Requests vLLM is generating for (its `vllm:num_requests_running` gauge)."""
     metrics = httpx.get(server.url + "/metrics", timeout=30).text
-    return sum(int(float(line.split()[-1])) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running"))
-
+    return sum(
+        int(float(line.split()[-1]))
+        for line in metrics.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
 
 
 def test_async_grpo_through_the_gateway_raises_mean_reward(policy_vllm, start_gateway, databases, work_dir):
     db_url = databases.new("sqlite")
     gateway = start_gateway(db_url, backends=[policy_vllm.url])
-    config = demo_config(policy_vllm.model_dir, db_url, gateway.url, steps=STEPS, groups_per_step=4, group_size=8)
-    config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, max_staleness=MAX_STALENESS))
+    config = demo_config(
+        policy_vllm.model_dir, db_url, gateway.url, steps=STEPS, groups_per_step=4, group_size=8
+    )
+    config = dataclasses.replace(
+        config, trainer=dataclasses.replace(config.trainer, max_staleness=MAX_STALENESS)
+    )
 
     result = run_loop(config)
     report, plot = save_report(result, work_dir / "training-report")
@@ -99,7 +106,9 @@ def test_backend_crashed_and_restarted_mid_rollout_leaves_error_turns_and_masked
     gateway = start_gateway(db_url, backends=[policy_vllm.url])
     task = CharacterShareTask(turns=3)
     # Long replies (about a second each): the crash lands while calls are being generated.
-    runner_config = RunnerConfig(group_size=4, groups_in_flight=1, max_tokens=400, min_tokens=400, retry_for=600)
+    runner_config = RunnerConfig(
+        group_size=4, groups_in_flight=1, max_tokens=400, min_tokens=400, retry_for=600
+    )
 
     async def play_through_a_restart() -> list[float]:
         runner = RolloutRunner(gateway.url, task, runner_config, name="restart")
@@ -137,11 +146,16 @@ def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gate
     calls = 200
 
     async def call(index: int) -> str | None:
-        agent = openai.AsyncOpenAI(base_url=gateway.agent_url(f"r{index}"), api_key="-", max_retries=0, timeout=300)
+        agent = openai.AsyncOpenAI(
+            base_url=gateway.agent_url(f"r{index}"), api_key="-", max_retries=0, timeout=300
+        )
         async with agent:
             stream = await agent.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": f"Count to {index}."}], stream=True,
-                max_tokens=TOKENS, extra_body={"min_tokens": TOKENS},
+                model="tiny",
+                messages=[{"role": "user", "content": f"Count to {index}."}],
+                stream=True,
+                max_tokens=TOKENS,
+                extra_body={"min_tokens": TOKENS},
             )
             finish = None
             async for chunk in stream:
@@ -172,9 +186,14 @@ def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gate
 
     finishes = asyncio.run(pause_mid_flight())
 
-    turns = query(db_url, "SELECT status, finish_reason, policy_version, policy_version_end, completion_tokens FROM turns")
+    turns = query(
+        db_url,
+        "SELECT status, finish_reason, policy_version, policy_version_end, completion_tokens FROM turns",
+    )
     assert len(turns) == calls and {status for status, *_ in turns} == {"ok"}
-    assert sorted((finish for _, finish, *_ in turns), key=str) == sorted(finishes, key=str)  # as the agents saw
+    assert sorted((finish for _, finish, *_ in turns), key=str) == sorted(
+        finishes, key=str
+    )  # as the agents saw
     # Dispatched at version 0. "wait" ended them all before the update. "keep" froze those vLLM was generating
     # when its pause landed (between engine steps): they finished at version 1. "abort" ended those (an abort
     # before the first token ends the stream without a finish reason, as vLLM sends it); calls still on their

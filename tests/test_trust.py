@@ -28,7 +28,14 @@ def bearer(token: str) -> dict[str, str]:
 
 def assert_unauthorized(response, code: str = "unauthorized") -> None:
     assert response.status_code == 401, response.text
-    assert response.json() == {"error": {"message": response.json()["error"]["message"], "type": "invalid_request_error", "param": None, "code": code}}
+    assert response.json() == {
+        "error": {
+            "message": response.json()["error"]["message"],
+            "type": "invalid_request_error",
+            "param": None,
+            "code": code,
+        }
+    }
     assert response.headers["x-should-retry"] == "false"
 
 
@@ -36,7 +43,11 @@ def assert_unauthorized(response, code: str = "unauthorized") -> None:
 def keyed(inprocess, vllm):
     """A gateway in this process with a control token, an admin token and rollout keys, on the session's vLLM."""
     return inprocess(
-        backend=[vllm.url], backend_api_key=VLLM_KEY, control_token=CONTROL, admin_token=ADMIN, rollout_keys=True
+        backend=[vllm.url],
+        backend_api_key=VLLM_KEY,
+        control_token=CONTROL,
+        admin_token=ADMIN,
+        rollout_keys=True,
     )
 
 
@@ -66,8 +77,15 @@ def test_control_api_needs_the_control_token(inprocess, rollout_id):
         assert_unauthorized(gateway.request(method, path, json=body, headers=bearer("wrong")))
         assert_unauthorized(gateway.request(method, path, json=body, headers={"authorization": CONTROL}))
 
-    assert gateway.post("/rollouts", json={"rollout_id": rollout_id}, headers=bearer(CONTROL)).status_code == 201
-    assert gateway.post(f"/rollouts/{rollout_id}/reward", json={"reward": 1.0}, headers=bearer(CONTROL)).status_code == 200
+    assert (
+        gateway.post("/rollouts", json={"rollout_id": rollout_id}, headers=bearer(CONTROL)).status_code == 201
+    )
+    assert (
+        gateway.post(
+            f"/rollouts/{rollout_id}/reward", json={"reward": 1.0}, headers=bearer(CONTROL)
+        ).status_code
+        == 200
+    )
     assert gateway.post(f"/rollouts/{rollout_id}/finish", headers=bearer(CONTROL)).status_code == 200
     assert stored_rollout(gateway, rollout_id, CONTROL)["status"] == "completed"
     assert gateway.get("/healthz").status_code == 200  # health and metrics stay open
@@ -98,8 +116,12 @@ def test_agent_holding_its_own_key_cannot_reward_finish_read_or_administer(keyed
     mine, other = create(keyed), create(keyed)
     key = bearer(mine["api_key"])
 
-    assert_unauthorized(keyed.post(f"/rollouts/{mine['rollout_id']}/reward", json={"reward": 1.0}, headers=key))
-    assert_unauthorized(keyed.post(f"/rollouts/{mine['rollout_id']}/finish", json={"reward": 1.0}, headers=key))
+    assert_unauthorized(
+        keyed.post(f"/rollouts/{mine['rollout_id']}/reward", json={"reward": 1.0}, headers=key)
+    )
+    assert_unauthorized(
+        keyed.post(f"/rollouts/{mine['rollout_id']}/finish", json={"reward": 1.0}, headers=key)
+    )
     assert_unauthorized(keyed.get(f"/rollouts/{mine['rollout_id']}", headers=key))
     assert_unauthorized(keyed.get(f"/rollouts/{other['rollout_id']}", headers=key))
     assert_unauthorized(keyed.post("/rollouts", json={}, headers=key))
@@ -133,7 +155,9 @@ def test_agent_calls_without_their_rollouts_key_are_401_and_reach_nothing(keyed,
 
     chat = keyed.post(f"/rollouts/{mine['rollout_id']}/v1/chat/completions", json=CHAT, headers=headers)
     completion = keyed.post(
-        f"/rollouts/{mine['rollout_id']}/v1/completions", json={"model": "tiny", "prompt": "hi"}, headers=headers
+        f"/rollouts/{mine['rollout_id']}/v1/completions",
+        json={"model": "tiny", "prompt": "hi"},
+        headers=headers,
     )
     models = keyed.get(f"/rollouts/{mine['rollout_id']}/v1/models", headers=headers)
 
@@ -144,7 +168,9 @@ def test_agent_calls_without_their_rollouts_key_are_401_and_reach_nothing(keyed,
 
 def test_a_key_opens_no_rollout_that_does_not_exist(keyed, rollout_id):
     mine = create(keyed)
-    response = keyed.post(f"/rollouts/{rollout_id}/v1/chat/completions", json=CHAT, headers=bearer(mine["api_key"]))
+    response = keyed.post(
+        f"/rollouts/{rollout_id}/v1/chat/completions", json=CHAT, headers=bearer(mine["api_key"])
+    )
 
     assert_unauthorized(response, "invalid_api_key")
     assert keyed.get(f"/rollouts/{rollout_id}", headers=bearer(CONTROL)).status_code == 404
@@ -168,7 +194,9 @@ def test_secrets_stay_out_of_stored_turns_metrics_and_logs(keyed_process):
     httpx.post(f"{created['base_url']}/chat/completions", json=CHAT, headers=bearer("rk-wrong"))
 
     stored = httpx.get(
-        f"{gateway.url}/rollouts/{created['rollout_id']}", params={"include_messages": "true"}, headers=bearer(CONTROL)
+        f"{gateway.url}/rollouts/{created['rollout_id']}",
+        params={"include_messages": "true"},
+        headers=bearer(CONTROL),
     ).text
     metrics = httpx.get(gateway.url + "/metrics").text
     log = gateway.log_path.read_text()
@@ -186,7 +214,9 @@ def test_gateway_calls_its_backends_with_its_own_key_never_the_agents(inprocess,
     with_key = inprocess(backend=[vllm.url], backend_api_key=VLLM_KEY)
     agent_auth = bearer("the-agents-own-key")  # vLLM would refuse it if it were forwarded
 
-    refused = without_key.post(f"/rollouts/{rollout_id}/v1/chat/completions", json=CHAT, headers=bearer(VLLM_KEY))
+    refused = without_key.post(
+        f"/rollouts/{rollout_id}/v1/chat/completions", json=CHAT, headers=bearer(VLLM_KEY)
+    )
     served = with_key.post(f"/rollouts/{rollout_id}/v1/chat/completions", json=CHAT, headers=agent_auth)
 
     assert refused.status_code == 502

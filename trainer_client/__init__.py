@@ -17,4 +17,12 @@ from trainer_client.loss import grpo_loss
 from trainer_client.samples import MergedSample, StepSample
 from trainer_client.sync import GatewayAdmin
 
-__all__ = ["Batch", "GatewayAdmin", "MergedSample", "SampleOptions", "StepSample", "TrainerClient", "grpo_loss"]
+__all__ = [
+    "Batch",
+    "GatewayAdmin",
+    "MergedSample",
+    "SampleOptions",
+    "StepSample",
+    "TrainerClient",
+    "grpo_loss",
+]

@@ -43,7 +43,9 @@ def claim_groups(
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
     locked = conn.execute(query).all()
-    expected = dict(conn.execute(select(r.c.group_id, func.count()).where(*unclaimed).group_by(r.c.group_id)).all())
+    expected = dict(
+        conn.execute(select(r.c.group_id, func.count()).where(*unclaimed).group_by(r.c.group_id)).all()
+    )
     held = Counter(row.group_id for row in locked)
     whole = [row for row in locked if held[row.group_id] == expected.get(row.group_id)]
     selection = classify(load_rollouts(conn, whole), options)
@@ -95,7 +97,9 @@ def release_claims(conn: Connection, trainer_id: str, step: int | None = None) -
     if step is not None:
         condition.append(r.c.claim_step == step)
     result = conn.execute(
-        update(r).where(*condition).values(claimed_by=None, claim_step=None, claimed_at=None, lease_until=None)
+        update(r)
+        .where(*condition)
+        .values(claimed_by=None, claim_step=None, claimed_at=None, lease_until=None)
     )
     return int(result.rowcount)
 

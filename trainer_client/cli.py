@@ -19,7 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     db_help = "the gateway's database URL (default: %(default)s)"
 
-    stats = commands.add_parser("stats", help="rollouts, groups, turns, tokens, rewards, drift, errors, claims")
+    stats = commands.add_parser(
+        "stats", help="rollouts, groups, turns, tokens, rewards, drift, errors, claims"
+    )
     stats.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
@@ -27,13 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
     export.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     export.add_argument("--output", "-o", required=True, help="file to write; - for standard output")
-    export.add_argument("--include-errors", action="store_true", help="keep rollouts with failed turns, masked")
+    export.add_argument(
+        "--include-errors", action="store_true", help="keep rollouts with failed turns, masked"
+    )
     export.add_argument("--no-std", action="store_true", help="advantages centred but not divided by the std")
     export.add_argument(
         "--merged", action="store_true", help="one sample per chain of turns that extend each other exactly"
     )
     export.add_argument(
-        "--group-timeout", type=float, default=None, help="serve a group's finished rollouts after this many seconds"
+        "--group-timeout",
+        type=float,
+        default=None,
+        help="serve a group's finished rollouts after this many seconds",
     )
 
     evaluate = commands.add_parser(
@@ -41,16 +48,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
     evaluate.add_argument(
-        "-k", type=int, action="append", dest="ks", metavar="K", help="pass@K to report (repeatable; default: 1)"
+        "-k",
+        type=int,
+        action="append",
+        dest="ks",
+        metavar="K",
+        help="pass@K to report (repeatable; default: 1)",
     )
     evaluate.add_argument(
-        "--pass-threshold", type=float, default=1.0, help="a rollout passes when its reward reaches this (default: %(default)s)"
+        "--pass-threshold",
+        type=float,
+        default=1.0,
+        help="a rollout passes when its reward reaches this (default: %(default)s)",
     )
     evaluate.add_argument("--output", "-o", help="also save the report as JSON to this file")
 
     tail = commands.add_parser("tail", help="follow groups as they finish")
     tail.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
-    tail.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default: %(default)s)")
+    tail.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between polls (default: %(default)s)"
+    )
     tail.add_argument("--lines", type=int, default=10, help="already finished groups to show first")
     return parser
 
@@ -124,7 +141,10 @@ def _export(args: argparse.Namespace) -> int:
     )
     to_stdout = args.output == "-"
     if to_stdout and args.format == "parquet" and sys.stdout.isatty():
-        print("trainer-client: refusing to write parquet to a terminal; redirect it or use -o FILE", file=sys.stderr)
+        print(
+            "trainer-client: refusing to write parquet to a terminal; redirect it or use -o FILE",
+            file=sys.stderr,
+        )
         return 2
     target: Any = sys.stdout.buffer if to_stdout else Path(args.output)
     sink = _JsonlSink(target) if args.format == "jsonl" else _ParquetSink(target)
@@ -209,7 +229,10 @@ def _tail(args: argparse.Namespace) -> int:
         "SELECT group_id, rollouts, reward_mean, reward_std, last_finished_at FROM group_stats "
         "WHERE finished = rollouts AND last_finished_at > :since ORDER BY last_finished_at, group_id"
     )
-    print(f"{'finished at':<20} {'group':<36} {'rollouts':>8} {'reward mean':>12} {'reward std':>11}", flush=True)
+    print(
+        f"{'finished at':<20} {'group':<36} {'rollouts':>8} {'reward mean':>12} {'reward std':>11}",
+        flush=True,
+    )
     try:
         with engine.connect() as conn:
             rows = conn.execute(query, {"since": 0.0}).all()
@@ -218,7 +241,9 @@ def _tail(args: argparse.Namespace) -> int:
         while True:
             for group_id, rollouts, mean, std, finished_at in rows:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(finished_at))
-                print(f"{stamp:<20} {group_id:<36} {rollouts:>8} {_cell(mean):>12} {_cell(std):>11}", flush=True)
+                print(
+                    f"{stamp:<20} {group_id:<36} {rollouts:>8} {_cell(mean):>12} {_cell(std):>11}", flush=True
+                )
                 since = max(since, finished_at)
             time.sleep(args.interval)
             with engine.connect() as conn:

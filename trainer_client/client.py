@@ -53,7 +53,9 @@ class TrainerClient:
         """Every ready group, claimed or not, without claiming: for evaluation, export and analysis."""
         return next(self.iter_batches(options, groups_per_batch=None), Batch([]))
 
-    def iter_batches(self, options: SampleOptions | None = None, groups_per_batch: int | None = 100) -> Iterator[Batch]:
+    def iter_batches(
+        self, options: SampleOptions | None = None, groups_per_batch: int | None = 100
+    ) -> Iterator[Batch]:
         """Ready groups in chunks, oldest first, claiming nothing (for exports that do not fit in memory)."""
         options = options or SampleOptions()
         with self.engine.connect() as conn:

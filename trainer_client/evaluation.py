@@ -39,7 +39,9 @@ def evaluation_report(
         .join(t, (t.c.rollout_id == r.c.rollout_id) & (t.c.turn_index == 0), isouter=True)
         .where(r.c.eval.is_(tagged_eval), r.c.status != schema.ROLLOUT_RUNNING)
     ).all()
-    by_version: dict[str | None, dict[str | None, list[float | None]]] = defaultdict(lambda: defaultdict(list))
+    by_version: dict[str | None, dict[str | None, list[float | None]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     for task_id, status, reward, version in rows:
         scored = status in TRAINABLE_STATUSES and reward is not None
         by_version[version][task_id].append(reward if scored else None)

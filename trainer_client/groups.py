@@ -116,7 +116,9 @@ def ready_groups(
 def load_rollouts(conn: Connection, rollout_rows: list[Any]) -> list[RolloutInfo]:
     """RolloutInfo for rollout rows, with their turn counts and policy versions."""
     infos = {
-        row.rollout_id: RolloutInfo(row.rollout_id, row.group_id, row.status, row.reward, row.reward_components)
+        row.rollout_id: RolloutInfo(
+            row.rollout_id, row.group_id, row.status, row.reward, row.reward_components
+        )
         for row in rollout_rows
     }
     if not infos:

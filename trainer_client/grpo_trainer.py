@@ -123,7 +123,10 @@ class GRPOTrainer:
         if kept < len(batch.rollout_ids):
             log.warning(
                 "step %d: %d of %d rollouts were taken by another trainer after their lease ran out "
-                "(raise the lease above a step's time)", step, len(batch.rollout_ids) - kept, len(batch.rollout_ids)
+                "(raise the lease above a step's time)",
+                step,
+                len(batch.rollout_ids) - kept,
+                len(batch.rollout_ids),
             )
         synced = time.monotonic()
         train_s = trained - started - waited
@@ -156,7 +159,9 @@ class GRPOTrainer:
             if have >= config.groups_per_step:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {have} of {config.groups_per_step} groups ready after {config.batch_timeout:.0f} s")
+                raise TimeoutError(
+                    f"only {have} of {config.groups_per_step} groups ready after {config.batch_timeout:.0f} s"
+                )
             if not alive():
                 raise RuntimeError("stopped waiting for groups: the rollout workers are gone")
             if batches:
@@ -208,7 +213,9 @@ class GRPOTrainer:
         self.admin.close()
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
     """[B, T] logprob of each token given those before it (0 at position 0), as `Batch.padded()` aligns them."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     picked = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)

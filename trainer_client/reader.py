@@ -36,8 +36,18 @@ def _turns_by_rollout(conn: Connection, rollout_ids: list[str]) -> dict[str, lis
     t = schema.turns
     rows = conn.execute(
         select(
-            t.c.rollout_id, t.c.turn_index, t.c.status, t.c.parent_turn, t.c.forked_from, t.c.prefix_tokens, t.c.prompt_ids,
-            t.c.completion_ids, t.c.completion_logprobs, t.c.policy_version, t.c.finish_reason, t.c.drift_tokens,
+            t.c.rollout_id,
+            t.c.turn_index,
+            t.c.status,
+            t.c.parent_turn,
+            t.c.forked_from,
+            t.c.prefix_tokens,
+            t.c.prompt_ids,
+            t.c.completion_ids,
+            t.c.completion_logprobs,
+            t.c.policy_version,
+            t.c.finish_reason,
+            t.c.drift_tokens,
             t.c.retry_of,
         )
         .where(t.c.rollout_id.in_(rollout_ids))

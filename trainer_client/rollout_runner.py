@@ -70,7 +70,11 @@ class RolloutRunner:
         self._next_group = 0
 
     async def run(
-        self, *, groups: int | None = None, stop: Callable[[], bool] = lambda: False, tags: list[str] | None = None
+        self,
+        *,
+        groups: int | None = None,
+        stop: Callable[[], bool] = lambda: False,
+        tags: list[str] | None = None,
     ) -> RunnerStats:
         """Play `groups` groups (or until `stop()`), at most `groups_in_flight` at a time: each worker starts its
         next group when its last one has ended."""
@@ -93,17 +97,28 @@ class RolloutRunner:
             *(self._create(group_id, f"{group_id}-{m}", index, tags) for m in range(self.config.group_size))
         )
         episodes = await asyncio.gather(
-            *(self._play(rollout, prompt, self._seed(index, member, tags)) for member, rollout in enumerate(created))
+            *(
+                self._play(rollout, prompt, self._seed(index, member, tags))
+                for member, rollout in enumerate(created)
+            )
         )
         played = [(rollout, replies) for rollout, replies in zip(created, episodes) if replies is not None]
         rewards = self.task.score([replies for _, replies in played])
-        await asyncio.gather(*(self._finish(rollout["rollout_id"], r) for (rollout, _), r in zip(played, rewards)))
+        await asyncio.gather(
+            *(self._finish(rollout["rollout_id"], r) for (rollout, _), r in zip(played, rewards))
+        )
         self.stats.groups += 1
         self.stats.rollouts += len(created)
         return rewards
 
-    async def _create(self, group_id: str, rollout_id: str, index: int, tags: list[str] | None) -> dict[str, Any]:
-        body = {"rollout_id": rollout_id, "group_id": group_id, "task_id": f"prompt-{index % len(self.task.prompts)}"}
+    async def _create(
+        self, group_id: str, rollout_id: str, index: int, tags: list[str] | None
+    ) -> dict[str, Any]:
+        body = {
+            "rollout_id": rollout_id,
+            "group_id": group_id,
+            "task_id": f"prompt-{index % len(self.task.prompts)}",
+        }
         if tags:
             body["tags"] = tags
         response = await self._control.post("/rollouts", json=body)
@@ -118,7 +133,9 @@ class RolloutRunner:
 
     async def _play(self, rollout: dict[str, Any], prompt: str, seed: int | None) -> list[str] | None:
         """The agent's replies, or None when a call kept failing (the rollout is then finished as failed)."""
-        agent = openai.AsyncOpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=120.0)
+        agent = openai.AsyncOpenAI(
+            base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=120.0
+        )
         messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
         replies: list[str] = []
         try:
@@ -135,7 +152,9 @@ class RolloutRunner:
             await agent.close()
         return replies
 
-    async def _call(self, agent: openai.AsyncOpenAI, messages: list[dict[str, Any]], seed: int | None) -> str | None:
+    async def _call(
+        self, agent: openai.AsyncOpenAI, messages: list[dict[str, Any]], seed: int | None
+    ) -> str | None:
         deadline = time.monotonic() + self.config.retry_for
         delay = 0.5
         while True:
@@ -159,7 +178,9 @@ class RolloutRunner:
                 delay = min(delay * 2, 5.0)
 
     async def _finish(self, rollout_id: str, reward: float | None) -> None:
-        body: dict[str, Any] = {"status": "completed", "reward": reward} if reward is not None else {"status": "failed"}
+        body: dict[str, Any] = (
+            {"status": "completed", "reward": reward} if reward is not None else {"status": "failed"}
+        )
         if reward is None:
             self.stats.failed_rollouts += 1
         response = await self._control.post(f"/rollouts/{rollout_id}/finish", json=body)

@@ -38,7 +38,9 @@ class GatewayAdmin:
         return self._post("/reload_weights")
 
     @contextmanager
-    def weight_sync(self, version: str, mode: str = "wait", timeout: float = 600.0) -> Iterator[dict[str, Any]]:
+    def weight_sync(
+        self, version: str, mode: str = "wait", timeout: float = 600.0
+    ) -> Iterator[dict[str, Any]]:
         """Pause and drain; the body pushes the weights; then the new version is set and generation resumes.
 
         Generation resumes even if the body fails (the version then stays the old one).

@@ -47,7 +47,9 @@ class LoopResult:
     def reward_by_version(self, which: str = "training") -> dict[str | None, float]:
         report = self.training if which == "training" else self.evaluation
         return {
-            v["policy_version"]: v["reward_mean"] for v in report["policy_versions"] if v["reward_mean"] is not None
+            v["policy_version"]: v["reward_mean"]
+            for v in report["policy_versions"]
+            if v["reward_mean"] is not None
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -74,7 +76,9 @@ async def _run(config: LoopConfig, on_step: Callable[[StepReport], None] | None)
     finished = False
 
     def evaluate() -> None:
-        rounds = asyncio.run_coroutine_threadsafe(evaluator.run(groups=config.eval_groups, tags=["eval"]), loop)
+        rounds = asyncio.run_coroutine_threadsafe(
+            evaluator.run(groups=config.eval_groups, tags=["eval"]), loop
+        )
         rounds.result()
 
     def after_step(report: StepReport) -> None:
@@ -126,7 +130,9 @@ def plot_rewards(result: LoopResult, path: Path) -> None:
     for which, style in (("training", "o-"), ("evaluation", "s--")):
         rewards = result.reward_by_version(which)
         versions = [v for v in rewards if v is not None and v.isdigit()]
-        axes.plot([int(v) for v in versions], [rewards[v] for v in versions], style, label=f"{which} rollouts")
+        axes.plot(
+            [int(v) for v in versions], [rewards[v] for v in versions], style, label=f"{which} rollouts"
+        )
     axes.set_xlabel("policy version")
     axes.set_ylabel("mean reward")
     axes.set_title("Async GRPO through the gateway: mean reward per policy version")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from gateway.encoding import RequestModel
 
 
-class PauseRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class PauseRequest(RequestModel):
     mode: Literal["wait", "abort", "keep"] = "wait"
     """wait: let calls in flight finish; abort: have vLLM abort them (they are recorded, finish_reason abort);
     keep: freeze them inside vLLM until resume (they then span the weight update). With abort and keep, calls
@@ -18,9 +18,7 @@ class PauseRequest(BaseModel):
     """Seconds to wait for calls in flight to finish (wait)."""
 
 
-class PolicyVersionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class PolicyVersionRequest(RequestModel):
     version: Annotated[str, Field(min_length=1, max_length=64)]
 
 

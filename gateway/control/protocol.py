@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
+from gateway.encoding import RequestModel
 from gateway.ids import ID_PATTERN
 
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
 
 
-class RolloutLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class RolloutLimits(RequestModel):
     max_turns: Annotated[int, Field(strict=True, ge=1)] | None = None
     """Model calls the agent may make; the next one is refused (400 `rollout_turn_limit`)."""
     max_context_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
@@ -22,9 +21,7 @@ class RolloutLimits(BaseModel):
     a reply is cut to fit (finish_reason `length`)."""
 
 
-class CreateRolloutRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class CreateRolloutRequest(RequestModel):
     rollout_id: Identifier | None = None
     group_id: Identifier | None = None
     task_id: Annotated[str, Field(max_length=256)] | None = None
@@ -56,9 +53,7 @@ class RolloutCreated(BaseModel):
     (201); a repeated creation (200) answers null. Without --rollout-keys: null."""
 
 
-class RewardRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class RewardRequest(RequestModel):
     reward: FiniteFloat
     components: dict[str, FiniteFloat] | None = None
     turn_index: Annotated[int, Field(strict=True, ge=0)] | None = None
@@ -71,9 +66,7 @@ class RewardRecorded(BaseModel):
     turn_index: int | None
 
 
-class FinishRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FinishRequest(RequestModel):
     status: Literal["completed", "failed", "truncated", "aborted"] = "completed"
     reward: FiniteFloat | None = None
     components: dict[str, FiniteFloat] | None = None

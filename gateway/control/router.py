@@ -34,7 +34,15 @@ def agent_base_url(state: GatewayState, request: Request, rollout_id: str) -> st
     return f"{root}/rollouts/{rollout_id}/v1"
 
 
-@router.post("/rollouts", status_code=201, response_model=RolloutCreated, responses=error_responses(409))
+@router.post(
+    "/rollouts",
+    status_code=201,
+    response_model=RolloutCreated,
+    responses={
+        200: {"model": RolloutCreated, "description": "The rollout existed already"},
+        **error_responses(409),
+    },
+)
 async def create_rollout(
     body: CreateRolloutRequest,
     request: Request,

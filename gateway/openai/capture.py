@@ -148,10 +148,12 @@ def _needs_logprobs(body: dict[str, Any]) -> None:
     in vLLM's words, rather than hide the client's mistake."""
     top = body.get("top_logprobs")
     if isinstance(top, int | float) and (top == -1 or top > 0) and not body.get("logprobs"):
-        message = "when using `top_logprobs`, `logprobs` must be set to true."
+        message = "when using `top_logprobs`, `logprobs` must be set to true. (parameter=top_logprobs)"
         raise ApiError(400, message, 400, "top_logprobs", "BadRequestError")
     if body.get("logprob_token_ids") and not body.get("logprobs"):
-        message = "when using `logprob_token_ids`, `logprobs` must be set to true."
+        message = (
+            "when using `logprob_token_ids`, `logprobs` must be set to true. (parameter=logprob_token_ids)"
+        )
         raise ApiError(400, message, 400, "logprob_token_ids", "BadRequestError")
 
 

@@ -408,7 +408,9 @@ class StoreWriter:
             if later:
                 conn.execute(
                     update(t)
-                    .where(t.c.rollout_id == record.rollout_id, t.c.turn_index.in_(later), t.c.retry_of.is_(None))
+                    .where(
+                        t.c.rollout_id == record.rollout_id, t.c.turn_index.in_(later), t.c.retry_of.is_(None)
+                    )
                     .values(retry_of=index)
                 )
                 for turn in later:
