@@ -7,10 +7,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     GATEWAY_HOST=0.0.0.0 GATEWAY_PORT=8100 GATEWAY_DB=sqlite:////data/gateway.db
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
+COPY requirements ./requirements
 COPY gateway ./gateway
 COPY trainer_client ./trainer_client
 COPY migrations ./migrations
-RUN pip install --no-cache-dir ".[postgres]" && useradd --create-home gateway && mkdir /data && chown gateway /data
+RUN pip install --no-cache-dir ".[postgres]" -c requirements/constraints.txt && useradd --create-home gateway && mkdir /data && chown gateway /data
 USER gateway
 VOLUME /data
 EXPOSE 8100

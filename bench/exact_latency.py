@@ -30,15 +30,25 @@ def run(base_url_for: object) -> tuple[list[float], list[float]]:
     """Latencies (ms) of first turns and of later turns."""
     first, later = [], []
     for r in range(ROLLOUTS):
-        agent = openai.OpenAI(base_url=base_url_for(f"bench-{time.monotonic_ns()}-{r}"), api_key="unused", max_retries=0)
+        agent = openai.OpenAI(
+            base_url=base_url_for(f"bench-{time.monotonic_ns()}-{r}"), api_key="unused", max_retries=0
+        )
         messages = [{"role": "user", "content": f"Rollout {r}: tell me a story."}]
         for turn in range(TURNS):
             started = time.perf_counter()
             reply = agent.chat.completions.create(
-                model="tiny", messages=messages, max_tokens=16, temperature=1.0, seed=r, extra_body={"min_tokens": 16}
+                model="tiny",
+                messages=messages,
+                max_tokens=16,
+                temperature=1.0,
+                seed=r,
+                extra_body={"min_tokens": 16},
             )
             (first if turn == 0 else later).append((time.perf_counter() - started) * 1000)
-            messages += [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "Go on."}]
+            messages += [
+                {"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": "Go on."},
+            ]
     return first, later
 
 
@@ -51,14 +61,20 @@ def main() -> int:
         targets = {"vLLM directly": lambda _rid: vllm.url + "/v1"}
         results = {}
         for mode in ("passthrough", "exact"):
-            with GatewayProcess([vllm.url], f"sqlite:///{work / mode}.db", log_path=work / f"{mode}.log",
-                                extra_args=["--mode", mode]) as gateway:
+            with GatewayProcess(
+                [vllm.url],
+                f"sqlite:///{work / mode}.db",
+                log_path=work / f"{mode}.log",
+                extra_args=["--mode", mode],
+            ) as gateway:
                 results[mode] = run(gateway.agent_url)
         results["vLLM directly"] = run(targets["vLLM directly"])
     for name in ("vLLM directly", "passthrough", "exact"):
         first, later = results[name]
         label = name if name == "vLLM directly" else f"gateway, {name}"
-        print(f"{label:<24} {statistics.median(first):>18.1f} {statistics.median(later):>19.1f} {statistics.mean(later):>20.1f}")
+        print(
+            f"{label:<24} {statistics.median(first):>18.1f} {statistics.median(later):>19.1f} {statistics.mean(later):>20.1f}"
+        )
     added = statistics.median(results["exact"][1]) - statistics.median(results["passthrough"][1])
     print(f"\nexact mode adds {added:.1f} ms per extending turn over pass-through (p50)")
     return 0

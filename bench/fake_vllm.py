@@ -29,7 +29,8 @@ def canned_reply() -> bytes:
                 "message": {"role": "assistant", "content": "x" * 200, "tool_calls": [], "reasoning": None},
                 "logprobs": {
                     "content": [
-                        {"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []} for _ in completion
+                        {"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}
+                        for _ in completion
                     ]
                 },
                 "finish_reason": "stop",

@@ -69,7 +69,9 @@ class Client:
 
 
 def path_for(target: str) -> str:
-    return "/v1/chat/completions" if target == "direct" else f"/rollouts/{uuid.uuid4().hex}/v1/chat/completions"
+    return (
+        "/v1/chat/completions" if target == "direct" else f"/rollouts/{uuid.uuid4().hex}/v1/chat/completions"
+    )
 
 
 async def latency(port: int, target: str, body: bytes, requests: int) -> list[float]:
@@ -130,7 +132,9 @@ def stored_bytes_per_turn(db_url: str) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=1000, help="sequential requests for the latency run")
     parser.add_argument("--connections", type=int, default=32, help="concurrent connections for throughput")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
@@ -139,7 +143,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     upstream, upstream_port = start_until_ready(
         lambda port: ManagedProcess(
-            [sys.executable, str(ROOT / "fake_vllm.py"), "--port", str(port)], log_path=work / "upstream.log",
+            [sys.executable, str(ROOT / "fake_vllm.py"), "--port", str(port)],
+            log_path=work / "upstream.log",
             name="fake upstream",
         ),
         "/",
@@ -147,12 +152,16 @@ def main() -> int:
         port=None,
         timeout=30,
     )
-    print(f"agent request {len(agent_body()) / 1024:.1f} KB; {args.requests} sequential requests for latency, "
-          f"{args.connections} connections x {args.seconds:.0f} s for throughput\n")
+    print(
+        f"agent request {len(agent_body()) / 1024:.1f} KB; {args.requests} sequential requests for latency, "
+        f"{args.connections} connections x {args.seconds:.0f} s for throughput\n"
+    )
     print(f"{'target':<24} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'added p50':>10} {'of floor':>9}")
     try:
         floor_p50, floor_p99, floor_rate = measure(upstream_port, "direct", args)
-        print(f"{'upstream directly':<24} {floor_p50:>8.2f} {floor_p99:>8.2f} {floor_rate:>8.0f} {'':>10} {'':>9}")
+        print(
+            f"{'upstream directly':<24} {floor_p50:>8.2f} {floor_p99:>8.2f} {floor_rate:>8.0f} {'':>10} {'':>9}"
+        )
         stores = {"gateway, SQLite": f"sqlite:///{work / 'bench.db'}"}
         schema = f"gw_bench_{uuid.uuid4().hex[:8]}"
         admin = make_engine(POSTGRES_URL)
@@ -161,7 +170,9 @@ def main() -> int:
         stores["gateway, PostgreSQL"] = f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
         try:
             for name, db_url in stores.items():
-                with GatewayProcess([f"http://127.0.0.1:{upstream_port}"], db_url, log_path=work / "gateway.log") as gw:
+                with GatewayProcess(
+                    [f"http://127.0.0.1:{upstream_port}"], db_url, log_path=work / "gateway.log"
+                ) as gw:
                     p50, p99, rate = measure(gw.port, "gateway", args)
                 print(
                     f"{name:<24} {p50:>8.2f} {p99:>8.2f} {rate:>8.0f} {p50 - floor_p50:>+9.2f}  "

@@ -38,12 +38,21 @@ async def fill(db_url: str, turns: int) -> None:
         prompt = rng.integers(0, 2000, FIRST_PROMPT, dtype=np.int32)
         for _ in range(turns):
             completion = rng.integers(0, 2000, COMPLETION, dtype=np.int32)
-            await store.writer.insert_turn(
-                TurnRecord(
-                    rollout_id, "completions", "tiny", False, "0", time.time(), prompt_ids=prompt,
-                    completion_ids=completion, completion_logprobs=np.full(COMPLETION, -1.0, dtype=np.float32),
-                    finished_at=time.time(),
-                )
+            await store.writer.insert_turns(
+                [
+                    TurnRecord(
+                        rollout_id,
+                        "completions",
+                        "tiny",
+                        False,
+                        "0",
+                        time.time(),
+                        prompt_ids=prompt,
+                        completion_ids=completion,
+                        completion_logprobs=np.full(COMPLETION, -1.0, dtype=np.float32),
+                        finished_at=time.time(),
+                    )
+                ]
             )
             prompt = np.concatenate([prompt, completion, rng.integers(0, 2000, ENVIRONMENT, dtype=np.int32)])
         await store.writer.finish_rollout(rollout_id, "completed", Reward(float(r % 2)))
@@ -52,7 +61,9 @@ async def fill(db_url: str, turns: int) -> None:
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="merge-bench-"))
-    print(f"{ROLLOUTS} rollouts a row; prompt {FIRST_PROMPT}, completion {COMPLETION}, tool result {ENVIRONMENT} tokens\n")
+    print(
+        f"{ROLLOUTS} rollouts a row; prompt {FIRST_PROMPT}, completion {COMPLETION}, tool result {ENVIRONMENT} tokens\n"
+    )
     print(f"{'turns':>6} {'step-wise tokens':>17} {'merged tokens':>14} {'saved':>7} {'samples':>12}")
     for turns in (5, 10, 20):
         db_url = f"sqlite:///{work / f'{turns}.db'}"

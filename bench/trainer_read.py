@@ -47,11 +47,19 @@ async def fill(db_url: str, turns: int, rng: np.random.Generator) -> None:
         for _ in range(TURNS_PER_ROLLOUT):
             completion = rng.integers(0, 2000, int(rng.integers(100, 300)), dtype=np.int32)
             record = TurnRecord(
-                rollout_id, "chat", "tiny", False, "0", time.time(), messages=[],
-                prompt_ids=prompt, completion_ids=completion,
-                completion_logprobs=-rng.random(completion.shape[0], dtype=np.float32), finished_at=time.time(),
+                rollout_id,
+                "chat",
+                "tiny",
+                False,
+                "0",
+                time.time(),
+                messages=[],
+                prompt_ids=prompt,
+                completion_ids=completion,
+                completion_logprobs=-rng.random(completion.shape[0], dtype=np.float32),
+                finished_at=time.time(),
             )
-            pending.append(writer.enqueue_turn(record))
+            pending.append(writer.enqueue_turns([record]))
             growth = rng.integers(0, 2000, int(rng.integers(50, 250)), dtype=np.int32)
             prompt = np.concatenate([prompt, completion, growth])[:3800]
         await asyncio.gather(*pending)
@@ -91,7 +99,9 @@ def token_bytes(db_url: str) -> tuple[int, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--turns", type=int, default=10_000)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
@@ -104,7 +114,9 @@ def main() -> int:
         "PostgreSQL": f"{POSTGRES_URL}?options=-csearch_path%3D{schema}",
     }
     print(f"{args.turns} turns, {TURNS_PER_ROLLOUT} per rollout, {GROUP_SIZE} rollouts per group\n")
-    print(f"{'store':<12} {'fill s':>8} {'read s':>8} {'tensors s':>10} {'samples':>8} {'Mtokens':>8} {'Mtok/s':>8} {'stored MB':>10} {'undelta MB':>10}")
+    print(
+        f"{'store':<12} {'fill s':>8} {'read s':>8} {'tensors s':>10} {'samples':>8} {'Mtokens':>8} {'Mtok/s':>8} {'stored MB':>10} {'undelta MB':>10}"
+    )
     try:
         for name, db_url in stores.items():
             ensure_schema(db_url)

@@ -26,8 +26,10 @@ class JsonResponse(JSONResponse):
 
 
 def _storable(value: Any) -> Any:
-    """Refuse text that has no UTF-8 form (lone surrogates, which JSON's `\\ud800` escapes can spell and
-    the standard library's parser lets through): no database can store it."""
+    """Refuse what the store cannot write, though the standard library's JSON parser lets it through: text
+    with no UTF-8 form (lone surrogates, which `\\ud800` escapes spell) and integers beyond 64 bits."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        raise ValueError("integers must fit in 64 bits")
     if isinstance(value, str):
         try:
             value.encode()

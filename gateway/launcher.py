@@ -33,6 +33,11 @@ class GatewayProcess:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        assert self._process is not None and self._process.process is not None, "not started"
+        return self._process.process.pid
+
     def agent_url(self, rollout_id: str) -> str:
         return f"{self.url}/rollouts/{rollout_id}/v1"
 

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from support import admin, stored_rollout
+from support import VLLM_KEY, admin, stored_rollout
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "min_tokens": 3}
 
@@ -151,3 +151,13 @@ def test_trainer_weight_sync_pauses_sets_the_version_and_resumes(fresh, rollout_
     assert (state["paused"], state["policy_version"]) == (False, "9")
     assert (after_failure["paused"], after_failure["policy_version"]) == (False, "9")
     assert stored_rollout(gateway, rollout_id)["turns"][0]["policy_version"] == "9"
+
+
+def test_pause_without_a_body_waits_for_calls_in_flight(inprocess, vllm):
+    gateway = inprocess(backend=[vllm.url], backend_api_key=VLLM_KEY)
+
+    paused = gateway.post("/admin/pause")
+    resumed = gateway.post("/admin/resume")
+
+    assert paused.status_code == 200, paused.text
+    assert (paused.json()["paused"], resumed.json()["paused"]) == (True, False)

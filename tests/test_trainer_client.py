@@ -242,6 +242,19 @@ def test_export_jsonl_writes_documented_fields_and_claims_nothing(store, tmp_pat
     assert len(client.claim("t", 0)) == 2
 
 
+def test_export_to_standard_output_streams_the_same_lines(store, tmp_path):
+    gateway, _, db_url = store
+    run_rollout(gateway, "g", reward=1.0, turns=2)
+    export = [sys.executable, "-m", "trainer_client.cli", "export", "--db", db_url, "--format", "jsonl"]
+
+    piped = subprocess.run([*export, "-o", "-"], check=True, capture_output=True)
+    subprocess.run([*export, "-o", str(tmp_path / "samples.jsonl")], check=True, capture_output=True)
+
+    assert piped.stdout == (tmp_path / "samples.jsonl").read_bytes()
+    assert len(piped.stdout.splitlines()) == 2
+    assert piped.stderr.decode().strip().endswith("wrote 2 samples to standard output")
+
+
 def test_export_parquet_holds_the_same_samples(store, tmp_path):
     import pyarrow.parquet as pq
 

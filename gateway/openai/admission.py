@@ -15,7 +15,7 @@ from fastapi import Request
 from gateway.auth import check_agent_key
 from gateway.errors import ApiError
 from gateway.openai.capture import TurnCapture
-from gateway.openai.recording import account, post_json
+from gateway.openai.recording import account, post_json, store_error_turn
 from gateway.state import GatewayState
 from gateway.store import schema
 from gateway.store.records import Limits, RolloutState
@@ -107,6 +107,9 @@ async def prompt_tokens(state: GatewayState, capture: TurnCapture, body: dict[st
     else:
         request = {key: body[key] for key in _RENDER_KEYS if key in body}
         request.setdefault("add_generation_prompt", True)
-    counted = await post_json(state, capture, request, "/tokenize")
-    capture.prompt_ids = counted.get("tokens") or []
-    return int(counted["count"])
+    tokens = (await post_json(state, capture, request, "/tokenize")).get("tokens")
+    if not isinstance(tokens, list):
+        await store_error_turn(state, capture, 502, "backend's /tokenize answered without tokens")
+        raise ApiError(502, "backend's /tokenize answered without tokens", "backend_error")
+    capture.prompt_ids = tokens
+    return len(tokens)
