@@ -60,13 +60,15 @@ class RolloutRunner:
         config: RunnerConfig | None = None,
         *,
         name: str | None = None,
+        control_token: str | None = None,
     ) -> None:
         self.gateway_url = gateway_url.rstrip("/")
         self.task = task
         self.config = config or RunnerConfig()
         self.name = name or f"run-{uuid.uuid4().hex[:8]}"
         self.stats = RunnerStats()
-        self._control = httpx.AsyncClient(base_url=self.gateway_url, timeout=60.0)
+        headers = {"authorization": f"Bearer {control_token}"} if control_token else None
+        self._control = httpx.AsyncClient(base_url=self.gateway_url, timeout=60.0, headers=headers)
         self._next_group = 0
 
     async def run(
@@ -134,7 +136,11 @@ class RolloutRunner:
     async def _play(self, rollout: dict[str, Any], prompt: str, seed: int | None) -> list[str] | None:
         """The agent's replies, or None when a call kept failing (the rollout is then finished as failed)."""
         agent = openai.AsyncOpenAI(
-            base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=120.0
+            # With --rollout-keys the agent holds its rollout's own key, nothing more.
+            base_url=rollout["base_url"],
+            api_key=rollout.get("api_key") or "unused",
+            max_retries=0,
+            timeout=120.0,
         )
         messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
         replies: list[str] = []

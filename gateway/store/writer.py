@@ -160,7 +160,7 @@ class StoreWriter:
                     "a batch of %d writes conflicted (%s); retrying them one by one", len(batch), exc.orig
                 )
                 outcomes = [self._alone(p.operation) for p in batch]
-            except Exception:
+            except Exception:  # retried one by one below
                 log.warning(
                     "a batch of %d writes failed; retrying them one by one", len(batch), exc_info=True
                 )
@@ -205,7 +205,7 @@ class StoreWriter:
                 self._lineages = LineageCache(self._lineages.max_tokens)
                 self.rollouts.clear()
                 time.sleep(random.uniform(0, 0.001 * 2**attempt))
-            except Exception as exc:
+            except Exception as exc:  # handed to the caller's future
                 log.exception("a store write failed")
                 return None, exc
         return None, error
