@@ -19,9 +19,9 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.engine.tiny_model import build_tiny_model  # noqa: E402
-from gateway.engine.vllm_server import VLLMServer  # noqa: E402
-from gateway.launcher import GatewayProcess  # noqa: E402
+from gateway.demo.tiny_model import build_tiny_model  # noqa: E402
+from gateway.demo.vllm_server import VLLMServer  # noqa: E402
+from gateway.demo.launcher import GatewayProcess  # noqa: E402
 
 ROLLOUTS, TURNS = 8, 5
 

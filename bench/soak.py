@@ -26,8 +26,8 @@ from pathlib import Path
 import orjson
 import sqlalchemy as sa
 
-from gateway.launcher import GatewayProcess
-from gateway.process import ManagedProcess, start_until_ready
+from gateway.demo.launcher import GatewayProcess
+from gateway.demo.process import ManagedProcess, start_until_ready
 from gateway.store.database import make_engine
 
 ROOT = Path(__file__).resolve().parent

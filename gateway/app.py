@@ -21,6 +21,7 @@ from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.router import router as openai_router
 from gateway.openapi import install_openapi
 from gateway.settings import Settings
+from gateway.store.status import Mode
 from gateway.state import GatewayState
 from gateway.store.database import display_url, ensure_schema
 from gateway.store.store import Store
@@ -47,7 +48,7 @@ def create_app(settings: Settings) -> FastAPI:
             capable = await backends.probe_scale_out(url)
             if capable is None:
                 log.info("backend %s not reachable yet: exact mode is checked on its first use", url)
-            elif not capable and settings.mode == "exact":
+            elif not capable and settings.mode == Mode.EXACT:
                 log.warning(
                     "backend %s does not serve vLLM's render/generate endpoints (start it with "
                     "--enable-scale-out): its turns run in pass-through mode",

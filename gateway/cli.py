@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any, Literal, get_args, get_origin
+from enum import StrEnum
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -26,8 +27,9 @@ def _add_settings_flags(parser: argparse.ArgumentParser, names: list[str] | None
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif name == "backend":
             parser.add_argument(flag, action="append", default=None, metavar="URL", help=help_text)
-        elif get_origin(field.annotation) is Literal:
-            parser.add_argument(flag, choices=get_args(field.annotation), default=None, help=help_text)
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, StrEnum):
+            choices = [member.value for member in field.annotation]
+            parser.add_argument(flag, choices=choices, default=None, help=help_text)
         else:
             kind: Any = int if field.annotation is int else float if field.annotation is float else str
             parser.add_argument(flag, type=kind, default=None, metavar=name.upper(), help=help_text)
@@ -108,17 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "db":
         return _db(args)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    if args.train:
-        from gateway.demo_train import run_train_demo
+    try:
+        if args.train:
+            from gateway.demo.train import run_train_demo
 
-        return run_train_demo(
-            workdir=args.workdir,
-            steps=args.steps,
-            groups_per_step=args.groups_per_step,
-            group_size=args.group_size or 8,
+            return run_train_demo(
+                workdir=args.workdir,
+                steps=args.steps,
+                groups_per_step=args.groups_per_step,
+                group_size=args.group_size or 8,
+            )
+        from gateway.demo.agent import run_demo
+    except ModuleNotFoundError as exc:
+        print(
+            f"gateway demo needs the demo extra ({exc.name} is not installed): "
+            "pip install 'rl-gateway[demo]', or run scripts/dev demo",
+            file=sys.stderr,
         )
-    from gateway.demo import run_demo
-
+        return 2
     return run_demo(
         workdir=args.workdir, groups=args.groups, group_size=args.group_size or 4, turns=args.turns
     )

@@ -8,6 +8,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gateway.store.database import check_url
+from gateway.store.status import Mode
 
 
 class Settings(BaseSettings):
@@ -27,8 +28,8 @@ class Settings(BaseSettings):
     backend_timeout: float = Field(default=600.0, description="Seconds to wait for a backend reply.")
     connect_timeout: float = Field(default=5.0, description="Seconds to wait for a backend connection.")
     max_connections: int = Field(default=1024, description="Connection pool size towards the backends.")
-    mode: Literal["exact", "passthrough"] = Field(
-        default="passthrough",
+    mode: Mode = Field(
+        default=Mode.PASSTHROUGH,
         description="exact: splice each turn's prompt onto the exact ids of the turn it extends (needs vLLM's "
         "--enable-scale-out); passthrough: let vLLM render every prompt. Rollouts can override it.",
     )

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from gateway.engine.vllm_server import VLLMServer
+from gateway.demo.vllm_server import VLLMServer
 
 TOOLS = [
     {

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.process import free_port
+from gateway.demo.process import free_port
 
 from support import VLLM_HEADERS, stored_rollout
 

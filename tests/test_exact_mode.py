@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.engine.tiny_model import THINK_STRIPPING_CHAT_TEMPLATE
+from gateway.demo.tiny_model import THINK_STRIPPING_CHAT_TEMPLATE
 from trainer_client import SampleOptions, TrainerClient
 
 from support import TOOLS, VLLM_HEADERS, detokenize, stored_rollout, tokenize_chat

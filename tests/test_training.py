@@ -15,13 +15,13 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from gateway.demo_train import demo_config, fresh_policy
-from gateway.engine.vllm_server import VLLMServer
+from gateway.demo.train import demo_config, fresh_policy
+from gateway.demo.vllm_server import VLLMServer
 from gateway.store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
-from trainer_client.rollout_runner import RolloutRunner, RunnerConfig
-from trainer_client.toy_task import CharacterShareTask
-from trainer_client.train_loop import run_loop, save_report
+from trainer_client.reference.runner import RolloutRunner, RunnerConfig
+from trainer_client.reference.toy_task import CharacterShareTask
+from trainer_client.reference.loop import run_loop, save_report
 
 import support
 

@@ -6,8 +6,8 @@
     batch = client.claim("trainer-0", step=0, options=SampleOptions(current_version=3, max_staleness=2))
     tensors = batch.padded(pad_id=0)
 
-The reference async GRPO trainer is `trainer_client.grpo_trainer`, the rollout workers
-`trainer_client.rollout_runner`, and `trainer_client.train_loop` runs both against a gateway.
+The reference async GRPO trainer is `trainer_client.reference.trainer`, the rollout workers
+`trainer_client.reference.runner`, and `trainer_client.reference.loop` runs both against a gateway.
 """
 
 from trainer_client.batch import Batch

@@ -15,7 +15,8 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from trainer_client.groups import TRAINABLE_STATUSES
+from gateway.store.status import TRAINABLE
+from gateway.store.status import RolloutStatus
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -37,13 +38,13 @@ def evaluation_report(
     rows = conn.execute(
         select(r.c.task_id, r.c.status, r.c.reward, t.c.policy_version)
         .join(t, (t.c.rollout_id == r.c.rollout_id) & (t.c.turn_index == 0), isouter=True)
-        .where(r.c.eval.is_(tagged_eval), r.c.status != schema.ROLLOUT_RUNNING)
+        .where(r.c.eval.is_(tagged_eval), r.c.status != RolloutStatus.RUNNING)
     ).all()
     by_version: dict[str | None, dict[str | None, list[float | None]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for task_id, status, reward, version in rows:
-        scored = status in TRAINABLE_STATUSES and reward is not None
+        scored = status in TRAINABLE and reward is not None
         by_version[version][task_id].append(reward if scored else None)
     versions = [_version_report(version, tasks, ks, pass_threshold) for version, tasks in by_version.items()]
     versions.sort(key=lambda v: _version_order(v["policy_version"]))

@@ -20,8 +20,8 @@ from sqlalchemy import ColumnElement, and_, case, func, or_, select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
+from gateway.store.status import TRAINABLE, RolloutStatus, TurnStatus
 
-TRAINABLE_STATUSES = ("completed", "truncated")
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def ready_groups(
     """Training groups ready to serve, oldest first (evaluation rollouts are never served)."""
     r = schema.rollouts
     now = now or time.time()
-    running = func.sum(case((r.c.status == schema.ROLLOUT_RUNNING, 1), else_=0))
+    running = func.sum(case((r.c.status == RolloutStatus.RUNNING, 1), else_=0))
     ready = running == 0
     if options.group_timeout is not None:
         ready = or_(ready, func.min(r.c.created_at) < now - options.group_timeout)
@@ -131,7 +131,7 @@ def load_rollouts(conn: Connection, rollout_rows: list[Any]) -> list[RolloutInfo
         .where(retry.c.rollout_id == t.c.rollout_id, retry.c.retry_of == t.c.turn_index)
         .exists()
     )
-    failed = and_(t.c.status.not_in((schema.TURN_OK, schema.TURN_REFUSED)), ~retried)
+    failed = and_(t.c.status.not_in((TurnStatus.OK, TurnStatus.REFUSED)), ~retried)
     bad = func.sum(case((failed, 1), else_=0))
     per_version = conn.execute(
         select(t.c.rollout_id, t.c.policy_version, func.count(), bad)
@@ -170,9 +170,9 @@ def classify(rollouts: list[RolloutInfo], options: SampleOptions) -> Selection:
 
 
 def _skip_reason(info: RolloutInfo, options: SampleOptions) -> str | None:
-    if info.status == schema.ROLLOUT_RUNNING:
+    if info.status == RolloutStatus.RUNNING:
         return "late"
-    if info.status not in TRAINABLE_STATUSES:
+    if info.status not in TRAINABLE:
         return "failed"
     if info.reward is None:
         return "no_reward"

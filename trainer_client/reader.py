@@ -10,10 +10,11 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from gateway.store.chain import rebuild
+from gateway.store.delta import rebuild
 from gateway.store.tokens import unpack_ids, unpack_logprobs
 from trainer_client.groups import RolloutInfo
 from trainer_client.samples import MergedSample, StepSample, merge_steps
+from gateway.store.status import TurnStatus
 
 _CHUNK = 500  # rollouts per query: keeps IN lists and memory bounded
 
@@ -80,7 +81,7 @@ def _steps(info: RolloutInfo, rows: list[Any]) -> list[StepSample]:
             advantage=info.advantage,
             policy_version=row["policy_version"],
             finish_reason=row["finish_reason"],
-            masked=info.masked or row["status"] != schema.TURN_OK or row["turn_index"] in retried,
+            masked=info.masked or row["status"] != TurnStatus.OK or row["turn_index"] in retried,
             parent_turn=row["parent_turn"],
             drift_tokens=row["drift_tokens"],
         )

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from gateway.encoding import RequestModel
 from gateway.ids import ID_PATTERN
+from gateway.store.status import Mode
 
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
@@ -26,7 +27,7 @@ class CreateRolloutRequest(RequestModel):
     group_id: Identifier | None = None
     task_id: Annotated[str, Field(max_length=256)] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
-    mode: Literal["exact", "passthrough"] | None = None
+    mode: Mode | None = None
     """Overrides the gateway's --mode for this rollout's turns."""
     tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=32)] | None = (
         None

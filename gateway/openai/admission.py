@@ -17,11 +17,9 @@ from gateway.errors import ApiError
 from gateway.openai.capture import TurnCapture
 from gateway.openai.recording import account, post_json, store_error_turn
 from gateway.state import GatewayState
-from gateway.store import schema
 from gateway.store.records import Limits, RolloutState
+from gateway.store.status import Limit, RolloutStatus, TurnStatus
 
-CONTEXT_LIMIT = "max_context_tokens"
-TURN_LIMIT = "max_turns"
 _RENDER_KEYS = (
     "model", "messages", "tools", "add_generation_prompt", "continue_final_message", "add_special_tokens",
     "chat_template", "chat_template_kwargs", "documents", "mm_processor_kwargs",
@@ -37,7 +35,7 @@ async def admit(state: GatewayState, request: Request, rollout_id: str) -> Rollo
         check_agent_key(request, rollout_id, rollout)
     if rollout is None and settings.require_registered_rollouts:
         raise ApiError(404, f"rollout {rollout_id!r} is not registered", "rollout_not_found")
-    if rollout is not None and rollout.status != schema.ROLLOUT_RUNNING:
+    if rollout is not None and rollout.status != RolloutStatus.RUNNING:
         raise ApiError(409, f"rollout {rollout_id!r} is already {rollout.status}", "rollout_finished")
     return rollout
 
@@ -50,7 +48,7 @@ def limits_of(state: GatewayState, rollout: RolloutState | None) -> Limits:
 async def refuse(state: GatewayState, capture: TurnCapture, limit: str, message: str, code: str) -> ApiError:
     """Store the refused turn and the rollout's end reason; the error to raise."""
     record = capture.finish()[0]
-    record.status = schema.TURN_REFUSED
+    record.status = TurnStatus.REFUSED
     record.http_status = 400
     record.error = message
     record.refused_by = limit
@@ -66,7 +64,7 @@ async def check_turn_limit(state: GatewayState, capture: TurnCapture, rollout: R
     calls = rollout.calls if rollout is not None else 0
     if limit is not None and calls >= limit:
         message = f"rollout {capture.record.rollout_id!r} reached its limit of {limit} model calls"
-        raise await refuse(state, capture, TURN_LIMIT, message, "rollout_turn_limit")
+        raise await refuse(state, capture, Limit.MAX_TURNS, message, "rollout_turn_limit")
 
 
 def completion_room(limit: int, prompt_tokens: int) -> int | None:
@@ -85,7 +83,7 @@ async def check_context_limit(
             f"this model's maximum context length is {limit} tokens for this rollout; "
             f"the prompt has {prompt_tokens} tokens"
         )
-        raise await refuse(state, capture, CONTEXT_LIMIT, message, "context_length_exceeded")
+        raise await refuse(state, capture, Limit.MAX_CONTEXT_TOKENS, message, "context_length_exceeded")
     return room
 
 

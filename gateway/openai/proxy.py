@@ -39,6 +39,7 @@ from gateway.openai.recording import (
 )
 from gateway.openai.sse import sse_data
 from gateway.state import GatewayState
+from gateway.store.status import Mode
 from gateway.store.records import RolloutState, TurnRecord
 
 
@@ -97,7 +98,7 @@ async def forward(
         upstream, asked = capture.inject(call.body, call.parsed)
         mode = (rollout.mode if rollout is not None else None) or state.settings.mode
         exact = (
-            mode == "exact"
+            mode == Mode.EXACT
             and isinstance(capture, ChatCapture)
             and call.choices == 1
             and await state.backends.exact_capable(rollout_id)

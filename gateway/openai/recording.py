@@ -16,8 +16,8 @@ from gateway.encoding import dumps
 from gateway.errors import ApiError, error_body
 from gateway.openai.capture import TurnCapture
 from gateway.state import GatewayState
-from gateway.store import schema
 from gateway.store.records import StoreError, TurnRecord
+from gateway.store.status import TurnStatus
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ async def store_error_turn(state: GatewayState, capture: TurnCapture, status: in
     records = capture.finish()
     for record in records:
         record.policy_version_end = state.policy_version
-        record.status = schema.TURN_ERROR
+        record.status = TurnStatus.ERROR
         record.http_status = status
         record.error = message
         record.finished_at = time.time()
@@ -208,7 +208,7 @@ def record_cancelled(state: GatewayState, capture: TurnCapture) -> None:
     """The agent went away: store what was generated, without awaiting (this task is being cancelled)."""
     records = capture.finish()
     for record in records:
-        record.status = schema.TURN_CANCELLED
+        record.status = TurnStatus.CANCELLED
         record.policy_version_end = state.policy_version
         record.error = "client disconnected before the end of the stream"
         record.finished_at = time.time()

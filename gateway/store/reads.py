@@ -8,9 +8,10 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from gateway.store.chain import rebuild
+from gateway.store.delta import rebuild
 from gateway.store.records import Limits, RolloutState
 from gateway.store.tokens import unpack_ids, unpack_logprobs
+from gateway.store.status import TurnStatus
 
 _TURN_FIELDS = (
     "status",
@@ -47,7 +48,7 @@ def rollout_state(conn: Connection, rollout_id: str) -> RolloutState | None:
     r, t = schema.rollouts, schema.turns
     calls = (
         select(func.count())
-        .where(t.c.rollout_id == rollout_id, t.c.status == schema.TURN_OK, t.c.choice_index == 0)
+        .where(t.c.rollout_id == rollout_id, t.c.status == TurnStatus.OK, t.c.choice_index == 0)
         .scalar_subquery()
     )
     row = conn.execute(
@@ -60,11 +61,18 @@ def rollout_state(conn: Connection, rollout_id: str) -> RolloutState | None:
     return RolloutState(row.status, row.mode, row.api_key_hash, Limits.from_json(row.limits), row.calls)
 
 
+def rollout_row(conn: Connection, rollout_id: str) -> dict[str, Any] | None:
+    """A rollout's row as stored, as a plain dict."""
+    r = schema.rollouts
+    row = conn.execute(select(r).where(r.c.rollout_id == rollout_id)).mappings().first()
+    return dict(row) if row is not None else None
+
+
 def get_rollout(
     conn: Connection, rollout_id: str, *, include_tokens: bool = False, include_messages: bool = False
 ) -> dict[str, Any] | None:
-    r, t, w = schema.rollouts, schema.turns, schema.rewards
-    row = conn.execute(select(r).where(r.c.rollout_id == rollout_id)).mappings().first()
+    t, w = schema.turns, schema.rewards
+    row = rollout_row(conn, rollout_id)
     if row is None:
         return None
     turn_rows = (

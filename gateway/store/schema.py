@@ -30,13 +30,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 from sqlalchemy.engine import Dialect
 
-ROLLOUT_RUNNING = "running"
-ROLLOUT_FINISHED_STATUSES = ("completed", "failed", "truncated", "aborted")
-TURN_OK = "ok"
-TURN_ERROR = "error"
-TURN_CANCELLED = "cancelled"
-TURN_REFUSED = "refused"
-"""Refused by a rollout limit before reaching an engine: the rollout's agent was stopped, not failed."""
 
 
 class NulFreeText(TypeDecorator[str]):

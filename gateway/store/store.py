@@ -18,7 +18,7 @@ class Store:
         self.writer = StoreWriter(self._writer_engine)
 
     async def rollout_state(self, rollout_id: str) -> RolloutState | None:
-        state = self.writer.rollouts.get(rollout_id)
+        state = self.writer.known_state(rollout_id)
         if state is None:
             state = await asyncio.to_thread(self._read, reads.rollout_state, rollout_id)
         return state

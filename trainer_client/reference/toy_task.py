@@ -35,6 +35,9 @@ class CharacterShareTask:
     def prompt(self, index: int) -> str:
         return self.prompts[index % len(self.prompts)]
 
+    def task_id(self, index: int) -> str:
+        return f"prompt-{index % len(self.prompts)}"
+
     def follow_up(self, reply: str) -> str:
         """What the environment says after a reply that is not the last."""
         return "More."

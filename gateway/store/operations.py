@@ -1,0 +1,302 @@
+"""The SQL of each write the gateway makes, run by the writer thread inside its transactions.
+
+Each operation validates before it writes: a refusal is a `StoreError` and leaves the transaction intact for
+the other operations of the batch. What the database already holds of a rollout is read through the writer's
+caches (`caches`), so a turn of a known rollout is one INSERT; its place in the rollout comes from `lineage`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from sqlalchemy import insert, select, update
+from sqlalchemy.engine import Connection
+
+from gateway.store import reads, schema
+from gateway.store.caches import WriterCaches
+from gateway.store.lineage import Lineage, Node, find_parent, lineage_of, place, reply_message
+from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
+from gateway.store.status import RolloutStatus, TurnStatus
+from gateway.store.tokens import pack_ids, pack_logprobs
+
+# Built once: executing a prebuilt statement with a parameter dict skips SQLAlchemy's per-call construction.
+_INSERT_TURN = insert(schema.turns)
+_INSERT_ROLLOUT = insert(schema.rollouts)
+_INSERT_REWARD = insert(schema.rewards)
+
+
+class Operations:
+    def __init__(self, caches: WriterCaches) -> None:
+        self._caches = caches
+
+    def create_rollout(self, conn: Connection, new: NewRollout) -> tuple[dict[str, Any], bool]:
+        existing = reads.rollout_row(conn, new.rollout_id)
+        if existing is not None:
+            for name in ("group_id", "task_id", "mode", "tags", "limits"):
+                given = new.limits.to_json() if name == "limits" else getattr(new, name)
+                if given is not None and given != existing[name]:
+                    raise StoreError(
+                        409,
+                        f"rollout {new.rollout_id!r} exists with {name}={existing[name]!r}, not {given!r}",
+                        "rollout_conflict",
+                    )
+            return existing, False
+        return self._insert_rollout(conn, new), True
+
+    def _insert_rollout(self, conn: Connection, new: NewRollout) -> dict[str, Any]:
+        row = {
+            "rollout_id": new.rollout_id,
+            "group_id": new.group_id or new.rollout_id,
+            "task_id": new.task_id,
+            "metadata": new.metadata,
+            "status": RolloutStatus.RUNNING,
+            "reward": None,
+            "reward_components": None,
+            "created_at": time.time(),
+            "finished_at": None,
+            "mode": new.mode,
+            "tags": new.tags,
+            "eval": new.eval,
+            "api_key_hash": new.api_key_hash,
+            "limits": new.limits.to_json(),
+            "end_reason": None,
+        }
+        conn.execute(_INSERT_ROLLOUT, row)
+        self._caches.set_state(
+            new.rollout_id, RolloutState(RolloutStatus.RUNNING, new.mode, new.api_key_hash, new.limits)
+        )
+        self._caches.hold_lineage(new.rollout_id, Lineage())
+        return row
+
+    def insert_turn(self, conn: Connection, record: TurnRecord) -> int:
+        state = self._state(conn, record.rollout_id)
+        if state is not None and state.status != RolloutStatus.RUNNING:
+            raise StoreError(
+                409, f"rollout {record.rollout_id!r} is already {state.status}", "rollout_finished"
+            )
+        if state is None:
+            self._insert_rollout(conn, NewRollout(record.rollout_id))
+            state = self._caches.state(record.rollout_id)
+            assert state is not None
+        lineage = self._lineage(conn, record.rollout_id)
+        index = lineage.last_index + 1
+        if record.request_hash is not None:
+            self._link_retries(conn, record, index)
+        placement = place(
+            lineage,
+            record.prompt_ids,
+            record.messages,
+            lambda i: self._node(conn, record.rollout_id, i),
+            plain_prompt_ids=record.plain_prompt_ids,
+        )
+        conn.execute(
+            _INSERT_TURN,
+            {
+                "rollout_id": record.rollout_id,
+                "turn_index": index,
+                "endpoint": record.endpoint,
+                "model": record.model,
+                "stream": record.stream,
+                "status": record.status,
+                "error": record.error,
+                "http_status": record.http_status,
+                "backend": record.backend,
+                "policy_version": record.policy_version,
+                "policy_version_end": record.policy_version_end,
+                "weight_versions": record.weight_versions,
+                "prefix_messages": placement.prefix_messages,
+                "messages": placement.new_messages,
+                "prompt_text": record.prompt_text,
+                "tools": record.tools,
+                "params": record.params,
+                "content": record.content,
+                "reasoning": record.reasoning,
+                "tool_calls": record.tool_calls,
+                "finish_reason": record.finish_reason,
+                "choice_index": record.choice_index,
+                "request_hash": record.request_hash,
+                "attempt": record.attempt,
+                "retry_of": record.retry_of,
+                "parent_turn": placement.parent_turn,
+                "forked_from": placement.forked_from,
+                "prefix_tokens": placement.prefix_tokens,
+                "drift_tokens": placement.drift_tokens,
+                "splice": record.splice,
+                "prompt_ids": pack_ids(placement.prompt_suffix),
+                "completion_ids": pack_ids(record.completion_ids),
+                "completion_logprobs": pack_logprobs(record.completion_logprobs),
+                "prompt_tokens": int(record.prompt_ids.shape[0]),
+                "completion_tokens": int(record.completion_ids.shape[0]),
+                "started_at": record.started_at,
+                "first_token_at": record.first_token_at,
+                "finished_at": record.finished_at,
+            },
+        )
+        ok = record.status == TurnStatus.OK
+        if ok and record.choice_index == 0:
+            self._caches.set_state(record.rollout_id, replace(state, calls=state.calls + 1))
+        if record.refused_by is not None:
+            conn.execute(
+                update(schema.rollouts)
+                .where(schema.rollouts.c.rollout_id == record.rollout_id)
+                .values(end_reason=record.refused_by)
+            )
+        lineage.add(
+            index,
+            record.messages,
+            np.concatenate([record.prompt_ids, record.completion_ids]),
+            reply_message(record.content, record.tool_calls) if ok else None,
+            record.finish_reason,
+        )
+        return index
+
+    def _link_retries(self, conn: Connection, record: TurnRecord, index: int) -> None:
+        """Point a client's retry at the attempt it repeats (the latest lower attempt of the same request).
+
+        An earlier attempt can commit after its retry (its client gave up, the gateway went on): the retry
+        waits in the caches and is linked when the attempt it repeats arrives.
+        """
+        t = schema.turns
+        key = (record.rollout_id, record.request_hash or "", record.choice_index)
+        if record.attempt > 0:
+            earlier = conn.execute(
+                select(t.c.turn_index)
+                .where(
+                    t.c.rollout_id == record.rollout_id,
+                    t.c.request_hash == record.request_hash,
+                    t.c.attempt < record.attempt,
+                    t.c.choice_index == record.choice_index,
+                )
+                .order_by(t.c.attempt.desc(), t.c.turn_index.desc())
+                .limit(1)
+            ).scalar()
+            record.retry_of = earlier
+            if earlier is None:
+                self._caches.remember_early_retry(key, index, record.attempt)
+        waiting = self._caches.early_retries.get(key)
+        if waiting:
+            later = [turn for turn, attempt in waiting.items() if attempt > record.attempt]
+            if later:
+                conn.execute(
+                    update(t)
+                    .where(
+                        t.c.rollout_id == record.rollout_id, t.c.turn_index.in_(later), t.c.retry_of.is_(None)
+                    )
+                    .values(retry_of=index)
+                )
+                for turn in later:
+                    del waiting[turn]
+
+    def parent(self, conn: Connection, rollout_id: str, messages: list[dict[str, Any]]) -> Node | None:
+        lineage = self._lineage(conn, rollout_id)
+        parent, _ = find_parent(
+            lineage, np.empty(0, dtype=np.int32), messages, lambda i: self._node(conn, rollout_id, i)
+        )
+        if parent is None:
+            return None
+        node = lineage.nodes.get(parent)
+        return (
+            node if node is not None and node.sequence is not None else self._node(conn, rollout_id, parent)
+        )
+
+    def _require_rollout(self, conn: Connection, rollout_id: str) -> dict[str, Any]:
+        row = reads.rollout_row(conn, rollout_id)
+        if row is None:
+            raise StoreError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
+        return row
+
+    def add_reward(self, conn: Connection, rollout_id: str, reward: Reward) -> None:
+        self._require_rollout(conn, rollout_id)
+        if reward.turn_index is not None:
+            t = schema.turns
+            found = conn.execute(
+                select(t.c.turn_id).where(t.c.rollout_id == rollout_id, t.c.turn_index == reward.turn_index)
+            ).first()
+            if found is None:
+                raise StoreError(
+                    404, f"rollout {rollout_id!r} has no turn {reward.turn_index}", "turn_not_found"
+                )
+        self._write_reward(conn, rollout_id, reward)
+
+    def _write_reward(self, conn: Connection, rollout_id: str, reward: Reward) -> None:
+        conn.execute(
+            _INSERT_REWARD,
+            {
+                "rollout_id": rollout_id,
+                "turn_index": reward.turn_index,
+                "value": reward.value,
+                "components": reward.components,
+                "created_at": time.time(),
+            },
+        )
+        if reward.turn_index is None:
+            conn.execute(
+                update(schema.rollouts)
+                .where(schema.rollouts.c.rollout_id == rollout_id)
+                .values(reward=reward.value, reward_components=reward.components)
+            )
+
+    def finish(
+        self, conn: Connection, rollout_id: str, status: str, reward: Reward | None
+    ) -> dict[str, Any]:
+        row = self._require_rollout(conn, rollout_id)
+        if row["status"] != RolloutStatus.RUNNING:
+            raise StoreError(409, f"rollout {rollout_id!r} is already {row['status']}", "rollout_finished")
+        if reward is not None:
+            self._write_reward(conn, rollout_id, reward)
+            row.update(reward=reward.value, reward_components=reward.components)
+        finished_at = time.time()
+        conn.execute(
+            update(schema.rollouts)
+            .where(schema.rollouts.c.rollout_id == rollout_id)
+            .values(status=status, finished_at=finished_at)
+        )
+        known = self._state(conn, rollout_id) or RolloutState(status, row["mode"])
+        self._caches.set_state(rollout_id, replace(known, status=status))
+        self._caches.finished(rollout_id)
+        row.update(status=status, finished_at=finished_at)
+        return row
+
+    # -- what the database holds, through the caches --------------------------------------------------
+
+    def _state(self, conn: Connection, rollout_id: str) -> RolloutState | None:
+        state = self._caches.state(rollout_id)
+        return state if state is not None else reads.rollout_state(conn, rollout_id)
+
+    def _lineage(self, conn: Connection, rollout_id: str) -> Lineage:
+        lineage = self._caches.lineage(rollout_id)
+        if lineage is None:
+            lineage, _ = lineage_of(self._rows(conn, rollout_id))
+        self._caches.hold_lineage(rollout_id, lineage)
+        return lineage
+
+    def _rows(self, conn: Connection, rollout_id: str) -> list[Any]:
+        t = schema.turns
+        return list(
+            conn.execute(
+                select(
+                    t.c.turn_index,
+                    t.c.status,
+                    t.c.parent_turn,
+                    t.c.forked_from,
+                    t.c.prefix_tokens,
+                    t.c.prompt_ids,
+                    t.c.completion_ids,
+                    t.c.prefix_messages,
+                    t.c.messages,
+                    t.c.content,
+                    t.c.tool_calls,
+                    t.c.finish_reason,
+                )
+                .where(t.c.rollout_id == rollout_id)
+                .order_by(t.c.turn_index)
+            ).mappings()
+        )
+
+    def _node(self, conn: Connection, rollout_id: str, index: int) -> Node:
+        """A turn's full ids and messages, read back from the database (it left the in-memory lineage)."""
+        _, nodes = lineage_of(self._rows(conn, rollout_id))
+        return nodes[index]
