@@ -19,9 +19,9 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.demo.tiny_model import build_tiny_model  # noqa: E402
-from gateway.demo.vllm_server import VLLMServer  # noqa: E402
-from gateway.demo.launcher import GatewayProcess  # noqa: E402
+from gateway.demo.launcher import GatewayProcess
+from gateway.demo.tiny_model import build_tiny_model
+from gateway.demo.vllm_server import VLLMServer
 
 ROLLOUTS, TURNS = 8, 5
 

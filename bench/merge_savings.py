@@ -20,10 +20,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.store.database import ensure_schema  # noqa: E402
-from gateway.store.records import NewRollout, Reward, TurnRecord  # noqa: E402
-from gateway.store.store import Store  # noqa: E402
-from trainer_client import SampleOptions, TrainerClient  # noqa: E402
+from gateway.store.database import ensure_schema
+from gateway.store.records import NewRollout, Reward, TurnRecord
+from gateway.store.store import Store
+from trainer_client import SampleOptions, TrainerClient
 
 ROLLOUTS = 16
 FIRST_PROMPT, COMPLETION, ENVIRONMENT = 600, 120, 60
@@ -34,7 +34,7 @@ async def fill(db_url: str, turns: int) -> None:
     store = Store(db_url)
     for r in range(ROLLOUTS):
         rollout_id = f"r{r}"
-        await store.writer.create_rollout(NewRollout(rollout_id, group_id=f"g{r // 4}"))
+        await store.create_rollout(NewRollout(rollout_id, group_id=f"g{r // 4}"))
         prompt = rng.integers(0, 2000, FIRST_PROMPT, dtype=np.int32)
         for _ in range(turns):
             completion = rng.integers(0, 2000, COMPLETION, dtype=np.int32)
@@ -55,7 +55,7 @@ async def fill(db_url: str, turns: int) -> None:
                 ]
             )
             prompt = np.concatenate([prompt, completion, rng.integers(0, 2000, ENVIRONMENT, dtype=np.int32)])
-        await store.writer.finish_rollout(rollout_id, "completed", Reward(float(r % 2)))
+        await store.finish_rollout(rollout_id, "completed", Reward(float(r % 2)))
     store.close()
 
 

@@ -24,10 +24,10 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.store.database import ensure_schema, make_engine  # noqa: E402
-from gateway.store.records import NewRollout, Reward, TurnRecord  # noqa: E402
-from gateway.store.store import Store  # noqa: E402
-from trainer_client import TrainerClient  # noqa: E402
+from gateway.store.database import ensure_schema, make_engine
+from gateway.store.records import NewRollout, Reward, TurnRecord
+from gateway.store.store import Store
+from trainer_client import TrainerClient
 
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 TURNS_PER_ROLLOUT = 5

@@ -21,31 +21,33 @@ from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.router import router as openai_router
 from gateway.openapi import install_openapi
 from gateway.settings import Settings
-from gateway.store.status import Mode
 from gateway.state import GatewayState
 from gateway.store.database import display_url, ensure_schema
+from gateway.store.records import Limits
+from gateway.store.status import Mode
 from gateway.store.store import Store
+from gateway.turns.context import TurnContext
+from gateway.turns.recording import Recorder
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(
+    settings: Settings, *, store: Store | None = None, backends: BackendPool | None = None
+) -> FastAPI:
+    """The gateway's app. It builds its store and backends from `settings` at start-up unless given them
+    (then it leaves them open at shutdown: whoever made them closes them)."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ensure_schema(settings.db)
-        store = Store(settings.db)
-        backends = BackendPool(
-            settings.backend,
-            timeout=settings.backend_timeout,
-            connect_timeout=settings.connect_timeout,
-            max_connections=settings.max_connections,
-            api_key=settings.backend_api_key.get_secret_value() if settings.backend_api_key else None,
+        own_store, own_backends = store is None, backends is None
+        if store is None:
+            ensure_schema(settings.db)
+        app.state.gateway = state = gateway_state(
+            settings, store or Store(settings.db), backends or backend_pool(settings)
         )
-        app.state.gateway = GatewayState(
-            settings, store, backends, Metrics(), settings.policy_version, Traffic(settings.pause_timeout)
-        )
-        for url in backends.urls:
-            capable = await backends.probe_scale_out(url)
+        for url in state.backends.urls:
+            capable = await state.backends.probe_scale_out(url)
             if capable is None:
                 log.info("backend %s not reachable yet: exact mode is checked on its first use", url)
             elif not capable and settings.mode == Mode.EXACT:
@@ -64,8 +66,10 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
-            await backends.close()
-            store.close()
+            if own_backends:
+                await state.backends.close()
+            if own_store:
+                state.store.close()
 
     app = FastAPI(
         title="rl-gateway",
@@ -81,6 +85,32 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(admin_router)
     install_openapi(app, [ChatCompletionRequest, CompletionRequest])
     return app
+
+
+def backend_pool(settings: Settings) -> BackendPool:
+    return BackendPool(
+        settings.backend,
+        timeout=settings.backend_timeout,
+        connect_timeout=settings.connect_timeout,
+        max_connections=settings.max_connections,
+        api_key=settings.backend_api_key.get_secret_value() if settings.backend_api_key else None,
+    )
+
+
+def gateway_state(settings: Settings, store: Store, backends: BackendPool) -> GatewayState:
+    metrics, traffic = Metrics(), Traffic(settings.pause_timeout)
+    recorder = Recorder(store, metrics, settings.policy_version)
+    turns = TurnContext(
+        recorder=recorder,
+        backends=backends,
+        traffic=traffic,
+        mode=settings.mode,
+        limits=Limits(settings.max_turns, settings.max_context_tokens),
+        rollout_keys=settings.rollout_keys,
+        require_registered=settings.require_registered_rollouts,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    return GatewayState(settings, store, backends, metrics, traffic, recorder, turns)
 
 
 def warn_if_exposed(settings: Settings) -> None:

@@ -46,7 +46,7 @@ def _require(request: Request, token: SecretStr | None, api: str) -> None:
     if token is not None and not _same(bearer_token(request), token.get_secret_value()):
         raise ApiError(
             401,
-            f"the {api} needs the gateway's {api.split()[0]} token (Authorization: Bearer ...)",
+            f"the {api} needs the gateway's {api.split(maxsplit=1)[0]} token (Authorization: Bearer ...)",
             "unauthorized",
         )
 

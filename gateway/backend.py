@@ -13,13 +13,20 @@ from typing import Any
 
 import aiohttp
 
-from gateway.errors import ApiError
-
 log = logging.getLogger(__name__)
 
 
 class BackendStreamError(Exception):
     """The backend's reply broke off while it was being read."""
+
+
+class BackendFailure(Exception):
+    """No answer from the backends: `kind` is timeout, unreachable or failed (`gateway.errors` maps it to HTTP)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
 
 
 class BackendReply:
@@ -78,7 +85,7 @@ class BackendPool:
     async def send(self, rollout_id: str, path: str, body: bytes) -> tuple[str, BackendReply]:
         """POST to the rollout's backend, failing over only when a connection could not be made.
 
-        Raises ApiError 503 when no backend accepts a connection, 504 on a timeout, 502 on other failures.
+        Raises BackendFailure: unreachable when no backend accepts a connection, timeout, or failed.
         """
         last_error: Exception | None = None
         for url in self.order(rollout_id):
@@ -90,13 +97,12 @@ class BackendPool:
                 last_error = exc
                 continue
             except TimeoutError as exc:
-                raise ApiError(504, f"backend {url} timed out", "backend_timeout") from exc
+                raise BackendFailure("timeout", f"backend {url} timed out") from exc
             except aiohttp.ClientError as exc:
-                raise ApiError(502, f"backend {url} failed: {exc!r}", "backend_error") from exc
+                raise BackendFailure("failed", f"backend {url} failed: {exc!r}") from exc
             return url, BackendReply(response)
-        raise ApiError(
-            503, f"no backend reachable ({', '.join(self.urls)}): {last_error!r}", "backend_unavailable"
-        ) from last_error
+        message = f"no backend reachable ({', '.join(self.urls)}): {last_error!r}"
+        raise BackendFailure("unreachable", message) from last_error
 
     async def _post(self, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
         """POST, once more if the server closed the connection before answering. The usual cause is a pooled idle
@@ -138,7 +144,7 @@ class BackendPool:
             except (TimeoutError, aiohttp.ClientError) as exc:
                 failures.append(f"{url}: {exc!r}")
         if failures:
-            raise ApiError(502, f"{path} failed on " + "; ".join(failures), "backend_error")
+            raise BackendFailure("failed", f"{path} failed on " + "; ".join(failures))
 
     async def get(self, path: str) -> tuple[int, bytes]:
         last_error: Exception | None = None
@@ -148,7 +154,7 @@ class BackendPool:
                     return response.status, await response.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
                 last_error = exc
-        raise ApiError(503, f"no backend reachable: {last_error!r}", "backend_unavailable") from last_error
+        raise BackendFailure("unreachable", f"no backend reachable: {last_error!r}") from last_error
 
     async def close(self) -> None:
         await self._session.close()

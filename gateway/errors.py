@@ -1,16 +1,19 @@
-"""Errors in the OpenAI format (`{"error": {"message", "type", "param", "code"}}`) for every failure path."""
+"""Errors in the OpenAI format (`{"error": {"message", "type", "param", "code"}}`) for every failure path, and
+the one place where failures of the store and of the backends become HTTP statuses."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from gateway.backend import BackendFailure
 from gateway.encoding import dumps
 from gateway.store.records import StoreError
 
@@ -49,6 +52,77 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.kind = kind
+
+
+_STORE_STATUS = {
+    "rollout_not_found": 404,
+    "turn_not_found": 404,
+    "rollout_conflict": 409,
+    "rollout_finished": 409,
+}
+_BACKEND_STATUS = {
+    "timeout": (504, "backend_timeout"),
+    "unreachable": (503, "backend_unavailable"),
+    "failed": (502, "backend_error"),
+}
+_CONTEXT_TOO_LONG = ("maximum context length", "longer than the maximum model length")
+"""How vLLM words a prompt that does not fit the model's context."""
+
+
+class StoreUnavailable(ApiError):
+    """A turn the engine answered could not be stored (the database failed, not the request)."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(503, f"the turn could not be stored: {type(exc).__name__}", "store_unavailable")
+
+
+def store_failure(exc: StoreError) -> ApiError:
+    return ApiError(_STORE_STATUS.get(exc.code, 409), exc.message, exc.code)
+
+
+def backend_failure(exc: BackendFailure) -> ApiError:
+    status, code = _BACKEND_STATUS[exc.kind]
+    return ApiError(status, exc.message, code)
+
+
+def backend_answer(status: int, content: bytes) -> ApiError:
+    """The agent-facing error for a backend's non-200 answer: its own 4xx as vLLM wrote it (message, type,
+    param), a prompt too long for the model as `context_length_exceeded`, anything else a 502."""
+    if status in (401, 403):
+        return ApiError(
+            502,
+            f"backend refused the gateway's credentials (HTTP {status}): check --backend-api-key",
+            "backend_error",
+        )
+    detail = backend_error_detail(content)
+    message = str(detail.get("message") or f"backend answered HTTP {status}")
+    if status >= 500:
+        return ApiError(502, message, "backend_error")
+    if any(phrase in message for phrase in _CONTEXT_TOO_LONG):
+        return ApiError(400, message, "context_length_exceeded", detail.get("param"), detail.get("type"))
+    code = detail.get("code")
+    return ApiError(
+        status,
+        message,
+        code if isinstance(code, str | int) else "invalid_request",
+        detail.get("param") if isinstance(detail.get("param"), str) else None,
+        detail.get("type") if isinstance(detail.get("type"), str) else None,
+    )
+
+
+def backend_error_detail(content: bytes) -> dict[str, Any]:
+    """vLLM's `{"error": {...}}` (or an older flat `{"message", ...}`); text otherwise."""
+    try:
+        payload = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return {"message": content[:500].decode("utf-8", "replace") or None}
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict):
+            return error
+        if "message" in payload:
+            return payload
+    return {}
 
 
 def error_body(
@@ -103,7 +177,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> Response:
-        return error_response(exc.status_code, exc.message, exc.code)
+        error = store_failure(exc)
+        return error_response(error.status_code, error.message, error.code)
+
+    @app.exception_handler(BackendFailure)
+    async def _backend_failure(_: Request, exc: BackendFailure) -> Response:
+        error = backend_failure(exc)
+        return error_response(error.status_code, error.message, error.code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:

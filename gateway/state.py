@@ -1,4 +1,5 @@
-"""What every request handler shares: settings, store, backends, metrics."""
+"""What the app holds for its routers: the control and admin APIs take what they need from here; the agent
+path gets only its `TurnContext`."""
 
 from __future__ import annotations
 
@@ -11,18 +12,27 @@ from gateway.backend import BackendPool
 from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.store import Store
+from gateway.turns.context import TurnContext
+from gateway.turns.recording import Recorder
 
 
-@dataclass
+@dataclass(frozen=True)
 class GatewayState:
     settings: Settings
     store: Store
     backends: BackendPool
     metrics: Metrics
-    policy_version: str
     traffic: Traffic
+    recorder: Recorder
+    turns: TurnContext
 
 
 async def get_state(request: Request) -> GatewayState:
     """A FastAPI dependency; async, so that FastAPI does not run it in a worker thread."""
-    return request.app.state.gateway
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+async def get_turns(request: Request) -> TurnContext:
+    state: GatewayState = request.app.state.gateway
+    return state.turns

@@ -15,11 +15,11 @@ import pytest
 import sqlalchemy as sa
 from starlette.testclient import TestClient
 
-from gateway.demo.tiny_model import build_tiny_model
-from gateway.demo.vllm_server import VLLMServer
 from gateway.app import create_app
 from gateway.demo.launcher import GatewayProcess
 from gateway.demo.process import free_port
+from gateway.demo.tiny_model import build_tiny_model
+from gateway.demo.vllm_server import VLLMServer
 from gateway.settings import Settings
 from gateway.store.database import make_engine
 

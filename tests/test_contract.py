@@ -32,7 +32,7 @@ def test_every_route_documents_its_request_and_its_answers(gateway):
             assert "200" in responses or "201" in responses, name
             ok = responses.get("200") or responses["201"]
             assert ok["content"], name
-            if method == "post" and not path.startswith("/admin/") or path == "/admin/policy_version":
+            if (method == "post" and not path.startswith("/admin/")) or path == "/admin/policy_version":
                 assert "requestBody" in operation, name
             for status, response in responses.items():
                 if status.startswith(("4", "5")):

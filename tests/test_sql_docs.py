@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from gateway.store.database import make_engine
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "sql.md"
-QUERIES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.S)
+QUERIES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
 
 
 def test_docs_have_example_queries():

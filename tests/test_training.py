@@ -19,9 +19,9 @@ from gateway.demo.train import demo_config, fresh_policy
 from gateway.demo.vllm_server import VLLMServer
 from gateway.store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
+from trainer_client.reference.loop import run_loop, save_report
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig
 from trainer_client.reference.toy_task import CharacterShareTask
-from trainer_client.reference.loop import run_loop, save_report
 
 import support
 

@@ -15,8 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from gateway.store.status import TRAINABLE
-from gateway.store.status import RolloutStatus
+from gateway.store.status import TRAINABLE, RolloutStatus
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

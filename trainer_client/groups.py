@@ -23,7 +23,6 @@ from gateway.store import schema
 from gateway.store.status import TRAINABLE, RolloutStatus, TurnStatus
 
 
-
 @dataclass(frozen=True)
 class SampleOptions:
     group_timeout: float | None = None

@@ -19,7 +19,7 @@ def admin_state(state: GatewayState) -> AdminState:
         paused=state.traffic.paused,
         in_flight=state.traffic.in_flight,
         waiting=state.traffic.waiting,
-        policy_version=state.policy_version,
+        policy_version=state.recorder.policy_version,
         backends=state.backends.urls,
     )
 
@@ -42,14 +42,14 @@ async def pause(state: GatewayState, mode: str, timeout: float) -> AdminState:
 async def resume(state: GatewayState) -> AdminState:
     await state.backends.call_all("/resume")
     state.traffic.open()
-    log.info("resumed at policy version %s", state.policy_version)
+    log.info("resumed at policy version %s", state.recorder.policy_version)
     return admin_state(state)
 
 
 async def set_policy_version(state: GatewayState, version: str) -> AdminState:
     """New turns are stamped with `version`; the backends tag their tokens with it too."""
     await state.backends.call_all("/update_weight_version", json={"new_version": version})
-    state.policy_version = version
+    state.recorder.policy_version = version
     log.info("policy version is now %s", version)
     return admin_state(state)
 

@@ -62,7 +62,7 @@ async def create_rollout(
         api_key_hash=key_hash(key) if key is not None else None,
         limits=limits,
     )
-    row, created = await state.store.writer.create_rollout(new)
+    row, created = await state.store.create_rollout(new)
     if not created:
         response.status_code = 200
     return RolloutCreated(
@@ -86,7 +86,7 @@ async def post_reward(
 ) -> RewardRecorded:
     """Record a reward for the rollout, or for one of its turns when `turn_index` is given."""
     check_rollout_id(rollout_id)
-    await state.store.writer.add_reward(rollout_id, Reward(body.reward, body.components, body.turn_index))
+    await state.store.add_reward(rollout_id, Reward(body.reward, body.components, body.turn_index))
     return RewardRecorded(
         rollout_id=rollout_id, reward=body.reward, components=body.components, turn_index=body.turn_index
     )
@@ -102,7 +102,7 @@ async def finish_rollout(
     check_rollout_id(rollout_id)
     body = body or FinishRequest()
     reward = Reward(body.reward, body.components) if body.reward is not None else None
-    row = await state.store.writer.finish_rollout(rollout_id, body.status, reward)
+    row = await state.store.finish_rollout(rollout_id, body.status, reward)
     return RolloutFinished(**{name: row[name] for name in RolloutFinished.model_fields})
 
 
@@ -129,7 +129,10 @@ health_router = APIRouter(tags=["health"])
 @health_router.get("/healthz", response_model=Health)
 async def healthz(state: GatewayState = Depends(get_state)) -> Health:
     return Health(
-        status="ok", version=__version__, policy_version=state.policy_version, backends=state.backends.urls
+        status="ok",
+        version=__version__,
+        policy_version=state.recorder.policy_version,
+        backends=state.backends.urls,
     )
 
 
@@ -140,5 +143,5 @@ async def healthz(state: GatewayState = Depends(get_state)) -> Health:
 )
 async def metrics(state: GatewayState = Depends(get_state)) -> Response:
     """Prometheus metrics (no secrets: counts, latencies and token totals only)."""
-    state.metrics.commits.set(state.store.writer.commits)
+    state.metrics.commits.set(state.store.commits)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -19,9 +19,9 @@ import httpx
 import openai
 import sqlalchemy as sa
 
+from gateway.demo.launcher import GatewayProcess
 from gateway.demo.tiny_model import build_tiny_model
 from gateway.demo.vllm_server import VLLMServer
-from gateway.demo.launcher import GatewayProcess
 from gateway.store.database import make_engine
 
 TOOLS = [

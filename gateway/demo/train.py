@@ -13,10 +13,10 @@ from pathlib import Path
 
 from gateway.demo.agent import engine_and_gateway, fresh_database, say
 from gateway.demo.tiny_model import build_tiny_model
-from trainer_client.reference.trainer import TrainerConfig
+from trainer_client.reference.loop import LoopConfig, LoopResult, run_loop, save_report
 from trainer_client.reference.runner import RunnerConfig
 from trainer_client.reference.toy_task import CharacterShareTask
-from trainer_client.reference.loop import LoopConfig, LoopResult, run_loop, save_report
+from trainer_client.reference.trainer import TrainerConfig
 
 DEMO_TASK = CharacterShareTask()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
@@ -12,8 +11,6 @@ from starlette.responses import Response
 
 from gateway.errors import ApiError, error_responses, validation_message
 from gateway.ids import check_rollout_id
-from gateway.openai.admission import admit
-from gateway.openai.capture import ChatCapture, CompletionCapture
 from gateway.openai.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -21,9 +18,13 @@ from gateway.openai.protocol import (
     CompletionRequest,
     ModelList,
 )
-from gateway.openai.proxy import AgentCall, forward
 from gateway.openapi import raw_body
-from gateway.state import GatewayState, get_state
+from gateway.state import get_turns
+from gateway.turns.admission import admit
+from gateway.turns.capture import ChatCapture, CompletionCapture, TurnCapture
+from gateway.turns.context import TurnContext
+from gateway.turns.forward import AgentCall, forward
+from gateway.turns.wire import OpenAIWire
 
 router = APIRouter(
     prefix="/rollouts/{rollout_id}/v1",
@@ -66,12 +67,12 @@ def _attempt(request: Request) -> int:
 
 
 async def _agent_call(
-    rollout_id: str, request: Request, state: GatewayState, model: type[BaseModel], capture: Any
+    rollout_id: str, request: Request, ctx: TurnContext, model: type[BaseModel], capture: type[TurnCapture]
 ) -> Response:
     check_rollout_id(rollout_id)
-    rollout = await admit(state, request, rollout_id)
-    call = await read_call(request, state.settings.max_body_bytes, model)
-    return await forward(state, rollout_id, rollout, capture, call)
+    rollout = await admit(ctx, request, rollout_id)
+    call = await read_call(request, ctx.max_body_bytes, model)
+    return await forward(ctx, rollout_id, rollout, capture, call, OpenAIWire())
 
 
 @router.post(
@@ -81,10 +82,10 @@ async def _agent_call(
     responses={200: {"content": _STREAM}},
 )
 async def chat_completions(
-    rollout_id: str, request: Request, state: GatewayState = Depends(get_state)
+    rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)
 ) -> Response:
     """OpenAI chat completions, forwarded to the rollout's vLLM server and recorded as a turn."""
-    return await _agent_call(rollout_id, request, state, ChatCompletionRequest, ChatCapture)
+    return await _agent_call(rollout_id, request, ctx, ChatCompletionRequest, ChatCapture)
 
 
 @router.post(
@@ -93,19 +94,17 @@ async def chat_completions(
     response_model=Completion,
     responses={200: {"content": _STREAM}},
 )
-async def completions(
-    rollout_id: str, request: Request, state: GatewayState = Depends(get_state)
-) -> Response:
+async def completions(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
     """OpenAI completions (a prompt as text or token ids), forwarded and recorded as a turn."""
-    return await _agent_call(rollout_id, request, state, CompletionRequest, CompletionCapture)
+    return await _agent_call(rollout_id, request, ctx, CompletionRequest, CompletionCapture)
 
 
 @router.get("/models", response_model=ModelList)
-async def models(rollout_id: str, request: Request, state: GatewayState = Depends(get_state)) -> Response:
+async def models(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
     """The backends' models (as vLLM lists them)."""
     check_rollout_id(rollout_id)
-    await admit(state, request, rollout_id)
-    status, content = await state.backends.get("/v1/models")
+    await admit(ctx, request, rollout_id)
+    status, content = await ctx.backends.get("/v1/models")
     if status != 200:
         raise ApiError(502, f"backend answered HTTP {status} to GET /v1/models", "backend_error")
     return Response(content, media_type="application/json")

@@ -34,7 +34,7 @@ def check_url(url: str) -> str:
     drivers are synchronous (it writes from its own thread): asyncpg, aiosqlite and other drivers are not."""
     try:
         parsed = make_url(normalize_url(url))
-    except Exception:  # noqa: BLE001 - SQLAlchemy raises several kinds for a malformed URL
+    except Exception:
         raise ValueError(f"{url!r} is not a database URL; use {SUPPORTED_URLS}") from None
     if parsed.drivername not in ("sqlite", "sqlite+pysqlite", "postgresql+psycopg"):
         raise ValueError(f"the store cannot use {parsed.drivername!r} URLs; use {SUPPORTED_URLS}")

@@ -39,7 +39,6 @@ class Operations:
                 given = new.limits.to_json() if name == "limits" else getattr(new, name)
                 if given is not None and given != existing[name]:
                     raise StoreError(
-                        409,
                         f"rollout {new.rollout_id!r} exists with {name}={existing[name]!r}, not {given!r}",
                         "rollout_conflict",
                     )
@@ -74,9 +73,7 @@ class Operations:
     def insert_turn(self, conn: Connection, record: TurnRecord) -> int:
         state = self._state(conn, record.rollout_id)
         if state is not None and state.status != RolloutStatus.RUNNING:
-            raise StoreError(
-                409, f"rollout {record.rollout_id!r} is already {state.status}", "rollout_finished"
-            )
+            raise StoreError(f"rollout {record.rollout_id!r} is already {state.status}", "rollout_finished")
         if state is None:
             self._insert_rollout(conn, NewRollout(record.rollout_id))
             state = self._caches.state(record.rollout_id)
@@ -205,7 +202,7 @@ class Operations:
     def _require_rollout(self, conn: Connection, rollout_id: str) -> dict[str, Any]:
         row = reads.rollout_row(conn, rollout_id)
         if row is None:
-            raise StoreError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
+            raise StoreError(f"rollout {rollout_id!r} does not exist", "rollout_not_found")
         return row
 
     def add_reward(self, conn: Connection, rollout_id: str, reward: Reward) -> None:
@@ -216,9 +213,7 @@ class Operations:
                 select(t.c.turn_id).where(t.c.rollout_id == rollout_id, t.c.turn_index == reward.turn_index)
             ).first()
             if found is None:
-                raise StoreError(
-                    404, f"rollout {rollout_id!r} has no turn {reward.turn_index}", "turn_not_found"
-                )
+                raise StoreError(f"rollout {rollout_id!r} has no turn {reward.turn_index}", "turn_not_found")
         self._write_reward(conn, rollout_id, reward)
 
     def _write_reward(self, conn: Connection, rollout_id: str, reward: Reward) -> None:
@@ -239,12 +234,10 @@ class Operations:
                 .values(reward=reward.value, reward_components=reward.components)
             )
 
-    def finish(
-        self, conn: Connection, rollout_id: str, status: str, reward: Reward | None
-    ) -> dict[str, Any]:
+    def finish(self, conn: Connection, rollout_id: str, status: str, reward: Reward | None) -> dict[str, Any]:
         row = self._require_rollout(conn, rollout_id)
         if row["status"] != RolloutStatus.RUNNING:
-            raise StoreError(409, f"rollout {rollout_id!r} is already {row['status']}", "rollout_finished")
+            raise StoreError(f"rollout {rollout_id!r} is already {row['status']}", "rollout_finished")
         if reward is not None:
             self._write_reward(conn, rollout_id, reward)
             row.update(reward=reward.value, reward_components=reward.components)

@@ -10,8 +10,8 @@ from sqlalchemy.engine import Connection
 from gateway.store import schema
 from gateway.store.delta import rebuild
 from gateway.store.records import Limits, RolloutState
-from gateway.store.tokens import unpack_ids, unpack_logprobs
 from gateway.store.status import TurnStatus
+from gateway.store.tokens import unpack_ids, unpack_logprobs
 
 _TURN_FIELDS = (
     "status",

@@ -125,10 +125,9 @@ class Reward:
 
 
 class StoreError(Exception):
-    """A request the store refuses; carries the HTTP status the API answers with."""
+    """A write the store refused before writing anything; `code` says why (`gateway.errors` maps it to HTTP)."""
 
-    def __init__(self, status_code: int, message: str, code: str) -> None:
+    def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
-        self.status_code = status_code
         self.message = message
         self.code = code

@@ -31,7 +31,6 @@ from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 from sqlalchemy.engine import Dialect
 
 
-
 class NulFreeText(TypeDecorator[str]):
     """PostgreSQL text cannot hold NUL characters, which a model can sample and an agent can send: they are
     stored as U+FFFD there (SQLite keeps them). The token ids are exact either way."""

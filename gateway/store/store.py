@@ -7,7 +7,7 @@ from typing import Any
 
 from gateway.store import reads
 from gateway.store.database import make_engine
-from gateway.store.records import RolloutState
+from gateway.store.records import NewRollout, Reward, RolloutState
 from gateway.store.writer import StoreWriter
 
 
@@ -22,6 +22,20 @@ class Store:
         if state is None:
             state = await asyncio.to_thread(self._read, reads.rollout_state, rollout_id)
         return state
+
+    async def create_rollout(self, new: NewRollout) -> tuple[dict[str, Any], bool]:
+        """The rollout's row, and whether it was created (an identical repeat returns the existing one)."""
+        return await self.writer.create_rollout(new)
+
+    async def add_reward(self, rollout_id: str, reward: Reward) -> None:
+        await self.writer.add_reward(rollout_id, reward)
+
+    async def finish_rollout(self, rollout_id: str, status: str, reward: Reward | None) -> dict[str, Any]:
+        return await self.writer.finish_rollout(rollout_id, status, reward)
+
+    @property
+    def commits(self) -> int:
+        return self.writer.commits
 
     async def get_rollout(self, rollout_id: str, **options: bool) -> dict[str, Any] | None:
         return await asyncio.to_thread(self._read, reads.get_rollout, rollout_id, **options)

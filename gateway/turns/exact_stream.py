@@ -10,33 +10,37 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from gateway.backend import BackendReply, BackendStreamError
-from gateway.encoding import dumps
 from gateway.errors import ApiError
-from gateway.openai.capture import Asked, ChatCapture
-from gateway.openai.exact import DERENDER, GENERATE, feed_reply, generate_body, prompt_for, without_end_token
-from gateway.openai.recording import StreamFailure, post_json, relay_turn, send_upstream
-from gateway.openai.sse import sse_batches
-from gateway.state import GatewayState
 from gateway.store.records import Limits
+from gateway.turns.capture import Asked, ChatCapture
+from gateway.turns.context import TurnContext
+from gateway.turns.exact import DERENDER, GENERATE, feed_reply, generate_body, prompt_for, without_end_token
+from gateway.turns.relay import StreamFailure, relay
+from gateway.turns.sse import sse_batches
+from gateway.turns.upstream import post_json, send
+from gateway.turns.wire import Wire
 
 
 async def forward_exact_stream(
-    state: GatewayState, capture: ChatCapture, body: dict[str, Any], asked: Asked, limits: Limits
+    ctx: TurnContext, capture: ChatCapture, body: dict[str, Any], asked: Asked, limits: Limits, wire: Wire
 ) -> Response:
-    request = await prompt_for(state, capture, body)
-    generate = await generate_body(state, capture, request, body, True, limits)
-    reply = await send_upstream(state, capture, generate, GENERATE)
-    chunks = _chunks(state, capture, reply, body, request["token_ids"], asked)
-    return StreamingResponse(relay_turn(state, capture, reply, chunks), media_type="text/event-stream")
+    request = await prompt_for(ctx, capture, body)
+    generate = generate_body(capture, request, body, True, limits)
+    reply = await send(ctx.backends, capture, generate, GENERATE)
+    chunks = _chunks(ctx, capture, reply, body, request["token_ids"], asked, wire)
+    return StreamingResponse(
+        relay(ctx.recorder, capture, reply, chunks, wire), media_type="text/event-stream"
+    )
 
 
 async def _chunks(
-    state: GatewayState,
+    ctx: TurnContext,
     capture: ChatCapture,
     reply: BackendReply,
     body: dict[str, Any],
     prompt: list[int],
     asked: Asked,
+    wire: Wire,
 ) -> AsyncIterator[bytes]:
     """The agent's chat chunks, each derendered from the generate events that arrived together."""
     record = capture.record
@@ -59,7 +63,7 @@ async def _chunks(
                     e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or ()
                 )
             chunk, stream_state = await _derender(
-                state, capture, body, prompt, without_end_token(event), stream_state
+                ctx, capture, body, prompt, without_end_token(event), stream_state
             )
             if chunk is None:
                 chunk = _closing_chunk(event, capture, body)
@@ -71,9 +75,9 @@ async def _chunks(
                     out["token_ids"] = choice.get("token_ids")
             capture.strip(chunk, asked)
             first = False
-            yield b"data: " + dumps(chunk) + b"\n\n"
-    except ApiError as exc:  # its error turn was stored where it was raised
-        raise StreamFailure(exc.message, stored=True) from exc
+            yield wire.chunk(chunk)
+    except ApiError as exc:
+        raise StreamFailure(exc.message) from exc
     except BackendStreamError as exc:
         raise StreamFailure(str(exc)) from exc
     except orjson.JSONDecodeError as exc:
@@ -121,7 +125,7 @@ def _merge(events: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def _derender(
-    state: GatewayState,
+    ctx: TurnContext,
     capture: ChatCapture,
     body: dict[str, Any],
     prompt: list[int],
@@ -140,7 +144,7 @@ async def _derender(
         "prompt_token_ids": prompt,
         "prompt_tokens": len(prompt),
     }
-    answer = await post_json(state, capture, request, DERENDER)
+    answer = await post_json(ctx.backends, capture, request, DERENDER)
     return answer["chunk"], answer["stream_state"]
 
 

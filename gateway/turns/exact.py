@@ -1,7 +1,7 @@
 """Exact mode for chat completions, through vLLM's token-in/token-out endpoints.
 
 render (the plain prompt and the sampling parameters) -> splice onto the parent turn's exact ids
-(`gateway.openai.splice`) -> generate (token ids in, ids + logprobs out) -> derender (a normal chat
+(`gateway.turns.splice`) -> generate (token ids in, ids + logprobs out) -> derender (a normal chat
 completion for the agent: content, tool calls and reasoning parsed by vLLM). The turn stores the spliced
 prompt, the sampled ids and their logprobs; its drift is measured against the plain render.
 """
@@ -14,34 +14,34 @@ from typing import Any
 import numpy as np
 from starlette.responses import Response
 
-from gateway.encoding import dumps
-from gateway.openai.admission import cap_reply, check_context_limit
-from gateway.openai.capture import Asked, ChatCapture
-from gateway.openai.recording import commit_turn, post_json
-from gateway.openai.splice import splice
-from gateway.state import GatewayState
 from gateway.store.records import Limits
 from gateway.store.tokens import ID_DTYPE
+from gateway.turns.admission import cap_reply, check_context_limit
+from gateway.turns.capture import Asked, ChatCapture
+from gateway.turns.context import TurnContext
+from gateway.turns.splice import splice
+from gateway.turns.upstream import post_json
+from gateway.turns.wire import Wire
 
 RENDER = "/v1/chat/completions/render"
 GENERATE = "/inference/v1/generate"
 DERENDER = "/v1/chat/completions/derender"
 
 
-async def prompt_for(state: GatewayState, capture: ChatCapture, body: dict[str, Any]) -> dict[str, Any]:
+async def prompt_for(ctx: TurnContext, capture: ChatCapture, body: dict[str, Any]) -> dict[str, Any]:
     """The generate request for this turn: vLLM's own, with the prompt spliced onto the parent's exact ids."""
     render_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    request = await post_json(state, capture, render_body, RENDER)
+    request = await post_json(ctx.backends, capture, render_body, RENDER)
     plain = np.asarray(request["token_ids"], dtype=ID_DTYPE)
     record = capture.record
     record.plain_prompt_ids = plain
-    parent = await state.store.writer.parent_of(record.rollout_id, body["messages"])
+    parent = await ctx.recorder.parent_of(record.rollout_id, body["messages"])
     if parent is None or parent.sequence is None:
         record.splice = "render"
         return request
     history = body["messages"][: len(parent.messages or []) + 1]
     parent_render = await post_json(
-        state, capture, {**render_body, "messages": history, "add_generation_prompt": False}, RENDER
+        ctx.backends, capture, {**render_body, "messages": history, "add_generation_prompt": False}, RENDER
     )
     spliced = splice(
         parent.sequence, parent.finish_reason, np.asarray(parent_render["token_ids"], dtype=ID_DTYPE), plain
@@ -51,8 +51,7 @@ async def prompt_for(state: GatewayState, capture: ChatCapture, body: dict[str, 
     return request
 
 
-async def generate_body(
-    state: GatewayState,
+def generate_body(
     capture: ChatCapture,
     request: dict[str, Any],
     body: dict[str, Any],
@@ -67,8 +66,7 @@ async def generate_body(
         sampling["max_tokens"] = limit
     if limits.max_context_tokens is not None:
         capture.prompt_ids = request["token_ids"]
-        room = await check_context_limit(state, capture, len(request["token_ids"]), limits.max_context_tokens)
-        cap_reply(sampling, room)
+        cap_reply(sampling, check_context_limit(len(request["token_ids"]), limits.max_context_tokens))
     if sampling.get("logprobs") is None:
         sampling["logprobs"] = 0
     return {**request, "sampling_params": sampling, "stream": stream, "return_token_ids": False}
@@ -94,12 +92,12 @@ def without_end_token(generated: dict[str, Any]) -> dict[str, Any]:
 
 
 async def forward_exact(
-    state: GatewayState, capture: ChatCapture, body: dict[str, Any], asked: Asked, limits: Limits
+    ctx: TurnContext, capture: ChatCapture, body: dict[str, Any], asked: Asked, limits: Limits, wire: Wire
 ) -> Response:
     """A whole (non-streamed) reply in exact mode; `exact_stream` streams."""
-    request = await prompt_for(state, capture, body)
-    generate = await generate_body(state, capture, request, body, False, limits)
-    generated = await post_json(state, capture, generate, GENERATE)
+    request = await prompt_for(ctx, capture, body)
+    generate = generate_body(capture, request, body, False, limits)
+    generated = await post_json(ctx.backends, capture, generate, GENERATE)
     prompt = request["token_ids"]
     derender = {
         "generate_response": without_end_token(generated),
@@ -107,7 +105,7 @@ async def forward_exact(
         "prompt_token_ids": prompt,
         "prompt_tokens": len(prompt),
     }
-    payload = await post_json(state, capture, derender, DERENDER)
+    payload = await post_json(ctx.backends, capture, derender, DERENDER)
     choice, sampled = payload["choices"][0], generated["choices"][0]
     _agent_reply(payload, body, sampled)
     feed_reply(capture, payload)
@@ -124,8 +122,8 @@ async def forward_exact(
         payload["prompt_token_ids"] = prompt
         choice["token_ids"] = sampled["token_ids"]
     capture.strip(payload, asked)
-    await commit_turn(state, records)
-    return Response(dumps(payload), media_type="application/json")
+    await ctx.recorder.commit(records)
+    return wire.reply(payload)
 
 
 def feed_reply(capture: ChatCapture, reply: dict[str, Any]) -> None:

@@ -1,24 +1,23 @@
 """Which agent calls go through: the rollout's key, its registration and status, and its limits.
 
-Every refusal happens before any engine time is spent. A call refused by a limit is stored as a `refused`
-turn and the rollout records which limit stopped its agent (`end_reason`); the answer is a 400 that the
-OpenAI SDKs do not retry, so a harness ends cleanly.
+Every refusal happens before any engine time is spent. A call refused by a limit raises `Refusal`, which
+`forward` stores as a `refused` turn (the rollout records which limit stopped its agent, `end_reason`); the
+answer is a 400 that the OpenAI SDKs do not retry, so a harness ends cleanly.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import Request
 
 from gateway.auth import check_agent_key
 from gateway.errors import ApiError
-from gateway.openai.capture import TurnCapture
-from gateway.openai.recording import account, post_json, store_error_turn
-from gateway.state import GatewayState
 from gateway.store.records import Limits, RolloutState
-from gateway.store.status import Limit, RolloutStatus, TurnStatus
+from gateway.store.status import Limit, RolloutStatus
+from gateway.turns.capture import TurnCapture
+from gateway.turns.context import TurnContext
+from gateway.turns.upstream import post_json
 
 _RENDER_KEYS = (
     "model", "messages", "tools", "add_generation_prompt", "continue_final_message", "add_special_tokens",
@@ -27,44 +26,35 @@ _RENDER_KEYS = (
 """Request fields that shape the rendered prompt: what /tokenize needs to count it."""
 
 
-async def admit(state: GatewayState, request: Request, rollout_id: str) -> RolloutState | None:
+class Refusal(ApiError):
+    """A rollout limit stops the call."""
+
+    def __init__(self, limit: Limit, message: str, code: str) -> None:
+        super().__init__(400, message, code)
+        self.limit = limit
+
+
+async def admit(ctx: TurnContext, request: Request, rollout_id: str) -> RolloutState | None:
     """The rollout's state if the call may go on; raises the agent-facing error otherwise."""
-    settings = state.settings
-    rollout = await state.store.rollout_state(rollout_id)
-    if settings.rollout_keys:
+    rollout = await ctx.recorder.rollout_state(rollout_id)
+    if ctx.rollout_keys:
         check_agent_key(request, rollout_id, rollout)
-    if rollout is None and settings.require_registered_rollouts:
+    if rollout is None and ctx.require_registered:
         raise ApiError(404, f"rollout {rollout_id!r} is not registered", "rollout_not_found")
     if rollout is not None and rollout.status != RolloutStatus.RUNNING:
         raise ApiError(409, f"rollout {rollout_id!r} is already {rollout.status}", "rollout_finished")
     return rollout
 
 
-def limits_of(state: GatewayState, rollout: RolloutState | None) -> Limits:
-    defaults = Limits(state.settings.max_turns, state.settings.max_context_tokens)
-    return rollout.limits.over(defaults) if rollout is not None else defaults
+def limits_of(ctx: TurnContext, rollout: RolloutState | None) -> Limits:
+    return rollout.limits.over(ctx.limits) if rollout is not None else ctx.limits
 
 
-async def refuse(state: GatewayState, capture: TurnCapture, limit: str, message: str, code: str) -> ApiError:
-    """Store the refused turn and the rollout's end reason; the error to raise."""
-    record = capture.finish()[0]
-    record.status = TurnStatus.REFUSED
-    record.http_status = 400
-    record.error = message
-    record.refused_by = limit
-    record.policy_version_end = state.policy_version
-    record.finished_at = time.time()
-    account(state, record, 400)
-    await state.store.writer.insert_turns([record])
-    return ApiError(400, message, code)
-
-
-async def check_turn_limit(state: GatewayState, capture: TurnCapture, rollout: RolloutState | None) -> None:
-    limit = limits_of(state, rollout).max_turns
+def check_turn_limit(capture: TurnCapture, rollout: RolloutState | None, limits: Limits) -> None:
     calls = rollout.calls if rollout is not None else 0
-    if limit is not None and calls >= limit:
-        message = f"rollout {capture.record.rollout_id!r} reached its limit of {limit} model calls"
-        raise await refuse(state, capture, Limit.MAX_TURNS, message, "rollout_turn_limit")
+    if limits.max_turns is not None and calls >= limits.max_turns:
+        message = f"rollout {capture.record.rollout_id!r} reached its limit of {limits.max_turns} model calls"
+        raise Refusal(Limit.MAX_TURNS, message, "rollout_turn_limit")
 
 
 def completion_room(limit: int, prompt_tokens: int) -> int | None:
@@ -73,9 +63,7 @@ def completion_room(limit: int, prompt_tokens: int) -> int | None:
     return room if room > 0 else None
 
 
-async def check_context_limit(
-    state: GatewayState, capture: TurnCapture, prompt_tokens: int, limit: int
-) -> int:
+def check_context_limit(prompt_tokens: int, limit: int) -> int:
     """The room left for the reply, or a refusal when the prompt alone fills the context."""
     room = completion_room(limit, prompt_tokens)
     if room is None:
@@ -83,7 +71,7 @@ async def check_context_limit(
             f"this model's maximum context length is {limit} tokens for this rollout; "
             f"the prompt has {prompt_tokens} tokens"
         )
-        raise await refuse(state, capture, Limit.MAX_CONTEXT_TOKENS, message, "context_length_exceeded")
+        raise Refusal(Limit.MAX_CONTEXT_TOKENS, message, "context_length_exceeded")
     return room
 
 
@@ -94,7 +82,7 @@ def cap_reply(upstream: dict[str, Any], room: int) -> None:
         upstream[key] = min(upstream[key], room) if key in given else room
 
 
-async def prompt_tokens(state: GatewayState, capture: TurnCapture, body: dict[str, Any]) -> int:
+async def prompt_tokens(ctx: TurnContext, capture: TurnCapture, body: dict[str, Any]) -> int:
     """How many tokens the engine will see, counted by the rollout's backend (`/tokenize`)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list):
@@ -105,9 +93,8 @@ async def prompt_tokens(state: GatewayState, capture: TurnCapture, body: dict[st
     else:
         request = {key: body[key] for key in _RENDER_KEYS if key in body}
         request.setdefault("add_generation_prompt", True)
-    tokens = (await post_json(state, capture, request, "/tokenize")).get("tokens")
+    tokens = (await post_json(ctx.backends, capture, request, "/tokenize")).get("tokens")
     if not isinstance(tokens, list):
-        await store_error_turn(state, capture, 502, "backend's /tokenize answered without tokens")
         raise ApiError(502, "backend's /tokenize answered without tokens", "backend_error")
     capture.prompt_ids = tokens
     return len(tokens)

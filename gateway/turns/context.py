@@ -1,0 +1,25 @@
+"""What the agent path works with, handed to it explicitly (a test can build its own)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.admin.traffic import Traffic
+from gateway.backend import BackendPool
+from gateway.store.records import Limits
+from gateway.store.status import Mode
+from gateway.turns.recording import Recorder
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    recorder: Recorder
+    backends: BackendPool
+    traffic: Traffic
+    mode: Mode
+    """The gateway's --mode; a rollout can choose its own."""
+    limits: Limits
+    """The gateway's default limits; a rollout's own take precedence."""
+    rollout_keys: bool
+    require_registered: bool
+    max_body_bytes: int

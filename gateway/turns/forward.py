@@ -1,0 +1,191 @@
+"""Forwarding one agent call to vLLM (pass-through here, or exact mode in `exact.py`), whole or streamed.
+
+The turn is committed before the reply is released: a whole reply is sent after the commit, a streamed one
+passes every chunk through as it arrives and sends its end after the commit (`relay.py`). Whatever step
+fails before the reply starts, the turn is stored once, here: refused by a limit, or an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+from starlette.responses import Response, StreamingResponse
+
+from gateway.backend import BackendReply, BackendStreamError
+from gateway.errors import ApiError, StoreUnavailable, backend_error_detail
+from gateway.store.records import RolloutState, TurnRecord
+from gateway.store.status import Mode
+from gateway.turns.admission import Refusal, cap_reply, check_context_limit, check_turn_limit, limits_of
+from gateway.turns.admission import prompt_tokens as count_prompt
+from gateway.turns.capture import Asked, ChatCapture, TurnCapture
+from gateway.turns.context import TurnContext
+from gateway.turns.exact import forward_exact
+from gateway.turns.exact_stream import forward_exact_stream
+from gateway.turns.relay import StreamFailure, relay
+from gateway.turns.sse import sse_data
+from gateway.turns.upstream import read_json, send
+from gateway.turns.wire import Wire
+
+
+@dataclass(frozen=True)
+class AgentCall:
+    """An agent's request: the body as sent, its validated reading, and what identifies a client's retry."""
+
+    body: dict[str, Any]
+    parsed: BaseModel
+    request_hash: str
+    attempt: int
+
+    @property
+    def stream(self) -> bool:
+        return bool(getattr(self.parsed, "stream", False))
+
+    @property
+    def choices(self) -> int:
+        return getattr(self.parsed, "n", None) or 1
+
+
+def new_record(
+    ctx: TurnContext, rollout_id: str, capture_cls: type[TurnCapture], call: AgentCall
+) -> TurnRecord:
+    body = call.body
+    fields = capture_cls.request_fields(body)
+    return TurnRecord(
+        rollout_id=rollout_id,
+        endpoint=capture_cls.endpoint,
+        model=body.get("model"),
+        stream=call.stream,
+        policy_version=ctx.recorder.policy_version,
+        started_at=time.time(),
+        messages=body.get("messages"),
+        prompt_text=body["prompt"] if isinstance(body.get("prompt"), str) else None,
+        tools=fields["tools"],
+        params=fields["params"],
+        request_hash=call.request_hash,
+        attempt=call.attempt,
+    )
+
+
+async def forward(
+    ctx: TurnContext,
+    rollout_id: str,
+    rollout: RolloutState | None,
+    capture_cls: type[TurnCapture],
+    call: AgentCall,
+    wire: Wire,
+) -> Response:
+    await ctx.traffic.enter()
+    ctx.recorder.in_flight(+1)
+    streaming = False
+    try:
+        capture = capture_cls(new_record(ctx, rollout_id, capture_cls, call))
+        upstream, asked = capture.inject(call.body, call.parsed)
+        try:
+            response = await _turn(ctx, rollout, capture, call, upstream, asked, wire)
+        except Refusal as refusal:
+            await ctx.recorder.refused(capture, refusal.limit, refusal.message)
+            raise
+        except StoreUnavailable:
+            raise
+        except ApiError as exc:
+            await ctx.recorder.failed(capture, exc.status_code, exc.message)
+            raise
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = _counted(ctx, response.body_iterator)
+            streaming = True
+        return response
+    finally:
+        if not streaming:
+            _leave(ctx)
+
+
+async def _turn(
+    ctx: TurnContext,
+    rollout: RolloutState | None,
+    capture: TurnCapture,
+    call: AgentCall,
+    upstream: dict[str, Any],
+    asked: Asked,
+    wire: Wire,
+) -> Response:
+    limits = limits_of(ctx, rollout)
+    check_turn_limit(capture, rollout, limits)
+    mode = (rollout.mode if rollout is not None else None) or ctx.mode
+    exact = (
+        mode == Mode.EXACT
+        and isinstance(capture, ChatCapture)
+        and call.choices == 1
+        and await ctx.backends.exact_capable(capture.record.rollout_id)
+    )
+    if exact:
+        assert isinstance(capture, ChatCapture)
+        forward_exact_mode = forward_exact_stream if call.stream else forward_exact
+        return await forward_exact_mode(ctx, capture, call.body, asked, limits, wire)
+    if limits.max_context_tokens is not None:
+        prompt = await count_prompt(ctx, capture, call.body)
+        cap_reply(upstream, check_context_limit(prompt, limits.max_context_tokens))
+    if call.stream:
+        reply = await send(ctx.backends, capture, upstream)
+        chunks = _chunks(capture, reply, asked, wire)
+        return StreamingResponse(
+            relay(ctx.recorder, capture, reply, chunks, wire), media_type="text/event-stream"
+        )
+    return await _whole(ctx, capture, upstream, asked, wire)
+
+
+async def _counted(ctx: TurnContext, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A streamed call is in flight until its last byte (or its client leaves)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        _leave(ctx)
+
+
+def _leave(ctx: TurnContext) -> None:
+    ctx.traffic.leave()
+    ctx.recorder.in_flight(-1)
+
+
+async def _whole(
+    ctx: TurnContext, capture: TurnCapture, upstream: dict[str, Any], asked: Asked, wire: Wire
+) -> Response:
+    payload = await read_json(await send(ctx.backends, capture, upstream))
+    capture.feed(payload)
+    records = capture.finish()
+    for record in records:
+        record.finished_at = record.first_token_at = time.time()
+        record.http_status = 200
+    capture.strip(payload, asked)
+    await ctx.recorder.commit(records)
+    return wire.reply(payload)
+
+
+async def _chunks(
+    capture: TurnCapture, reply: BackendReply, asked: Asked, wire: Wire
+) -> AsyncIterator[bytes]:
+    """vLLM's chunks as they arrive, captured, then stripped of what the gateway injected."""
+    record = capture.record
+    try:
+        async for data in sse_data(reply.chunks()):
+            if data == b"[DONE]":
+                return
+            chunk = orjson.loads(data)
+            if record.first_token_at is None:
+                record.first_token_at = time.time()
+            if "error" in chunk and "choices" not in chunk:
+                message = backend_error_detail(data).get("message")
+                raise StreamFailure(str(message) if message is not None else "backend stream failed")
+            capture.feed(chunk)
+            capture.strip(chunk, asked)
+            yield wire.chunk(chunk)
+    except BackendStreamError as exc:
+        raise StreamFailure(str(exc)) from exc
+    except orjson.JSONDecodeError as exc:
+        raise StreamFailure(f"backend sent a chunk that is not JSON: {exc}") from exc
+    raise StreamFailure("backend stream ended without [DONE]")

@@ -1,0 +1,98 @@
+"""Where every turn's outcome goes: the store (a call's turns commit together), the metrics, and the policy
+version the turn finished under. Every status a turn can end with is written here, and only here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from gateway.errors import StoreUnavailable
+from gateway.metrics import Metrics
+from gateway.store.lineage import Node
+from gateway.store.records import RolloutState, StoreError, TurnRecord
+from gateway.store.status import Limit, TurnStatus
+from gateway.store.store import Store
+from gateway.turns.capture import TurnCapture
+
+log = logging.getLogger(__name__)
+
+
+class Recorder:
+    def __init__(self, store: Store, metrics: Metrics, policy_version: str) -> None:
+        self._store = store
+        self._metrics = metrics
+        self.policy_version = policy_version
+        """Stamped on every new turn; the admin API changes it when the trainer publishes weights."""
+
+    def in_flight(self, change: int) -> None:
+        self._metrics.in_flight.inc(change)
+
+    async def rollout_state(self, rollout_id: str) -> RolloutState | None:
+        return await self._store.rollout_state(rollout_id)
+
+    async def parent_of(self, rollout_id: str, messages: list[dict[str, Any]]) -> Node | None:
+        return await self._store.writer.parent_of(rollout_id, messages)
+
+    async def commit(self, records: list[TurnRecord]) -> None:
+        """Commit a call's answered turns (one per choice) together, before the agent gets the reply."""
+        for record in records:
+            record.policy_version_end = self.policy_version
+        try:
+            await self._store.writer.insert_turns(records)
+        except StoreError:
+            raise
+        except Exception as exc:
+            log.exception("could not commit turn of rollout %s", records[0].rollout_id)
+            raise StoreUnavailable(exc) from exc
+        for record in records:
+            self._account(record, 200)
+
+    async def failed(self, capture: TurnCapture, status: int, message: str) -> None:
+        """The call failed after it was admitted: an error turn with what had been captured."""
+        records = self._ended(capture, TurnStatus.ERROR, message)
+        for record in records:
+            record.http_status = status
+            self._account(record, status)
+        self._metrics.errors.labels(reason=str(status)).inc()
+        await self._store.writer.insert_turns(records)
+
+    async def refused(self, capture: TurnCapture, limit: Limit, message: str) -> None:
+        """A rollout limit stopped the call before any engine time: a refused turn, the rollout's end reason."""
+        record = self._ended(capture, TurnStatus.REFUSED, message)[0]
+        record.http_status = 400
+        record.refused_by = limit
+        self._account(record, 400)
+        await self._store.writer.insert_turns([record])
+
+    def cancelled(self, capture: TurnCapture) -> None:
+        """The agent went away: store what was generated, without awaiting (this task is being cancelled)."""
+        records = self._ended(
+            capture, TurnStatus.CANCELLED, "client disconnected before the end of the stream"
+        )
+        for record in records:
+            self._account(record, 499)
+        self._metrics.errors.labels(reason="cancelled").inc()
+        self._store.writer.enqueue_turns(records).add_done_callback(_log_failure)
+
+    def _ended(self, capture: TurnCapture, status: TurnStatus, message: str) -> list[TurnRecord]:
+        records = capture.finish()
+        for record in records:
+            record.status = status
+            record.error = message
+            record.policy_version_end = self.policy_version
+            record.finished_at = time.time()
+        return records
+
+    def _account(self, record: TurnRecord, status: int) -> None:
+        metrics = self._metrics
+        metrics.requests.labels(endpoint=record.endpoint, status=str(status)).inc()
+        metrics.latency.labels(endpoint=record.endpoint).observe(record.finished_at - record.started_at)
+        metrics.tokens.labels(kind="prompt").inc(record.prompt_ids.shape[0])
+        metrics.tokens.labels(kind="completion").inc(record.completion_ids.shape[0])
+
+
+def _log_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("could not store a cancelled turn: %s", future.exception())

@@ -1,0 +1,51 @@
+"""The frame of every streamed turn: chunks pass through as they come; the turn is committed before the
+stream's end is sent; a client that leaves leaves a cancelled turn, a failing backend an error turn."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from gateway.backend import BackendReply
+from gateway.errors import ApiError, store_failure
+from gateway.store.records import StoreError
+from gateway.turns.capture import TurnCapture
+from gateway.turns.recording import Recorder
+from gateway.turns.wire import Wire
+
+
+class StreamFailure(Exception):
+    """A streamed reply broke off after its first byte went out."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+async def relay(
+    recorder: Recorder, capture: TurnCapture, reply: BackendReply, chunks: AsyncIterator[bytes], wire: Wire
+) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except (asyncio.CancelledError, GeneratorExit):
+        recorder.cancelled(capture)
+        raise
+    except StreamFailure as exc:
+        await recorder.failed(capture, 502, exc.message)
+        yield wire.error(502, exc.message, "backend_error")
+        return
+    finally:
+        reply.close()
+    records = capture.finish()
+    for record in records:
+        record.finished_at = time.time()
+        record.http_status = 200
+    try:
+        await recorder.commit(records)
+    except (ApiError, StoreError) as exc:
+        error = store_failure(exc) if isinstance(exc, StoreError) else exc
+        yield wire.error(error.status_code, error.message, "store_error")
+        return
+    yield wire.done()
