@@ -73,7 +73,8 @@ def main() -> int:
         first, later = results[name]
         label = name if name == "vLLM directly" else f"gateway, {name}"
         print(
-            f"{label:<24} {statistics.median(first):>18.1f} {statistics.median(later):>19.1f} {statistics.mean(later):>20.1f}"
+            f"{label:<24} {statistics.median(first):>18.1f} {statistics.median(later):>19.1f} "
+            f"{statistics.mean(later):>20.1f}"
         )
     added = statistics.median(results["exact"][1]) - statistics.median(results["passthrough"][1])
     print(f"\nexact mode adds {added:.1f} ms per extending turn over pass-through (p50)")

@@ -123,8 +123,8 @@ def stored_bytes_per_turn(db_url: str) -> float:
     with engine.connect() as conn:
         turns, blob = conn.execute(
             sa.text(
-                "SELECT COUNT(*), SUM(LENGTH(prompt_ids) + LENGTH(completion_ids) + LENGTH(completion_logprobs)) "
-                "FROM turns"
+                "SELECT COUNT(*), "
+                "SUM(LENGTH(prompt_ids) + LENGTH(completion_ids) + LENGTH(completion_logprobs)) FROM turns"
             )
         ).one()
     engine.dispose()
@@ -160,7 +160,8 @@ def main() -> int:
     try:
         floor_p50, floor_p99, floor_rate = measure(upstream_port, "direct", args)
         print(
-            f"{'upstream directly':<24} {floor_p50:>8.2f} {floor_p99:>8.2f} {floor_rate:>8.0f} {'':>10} {'':>9}"
+            f"{'upstream directly':<24} {floor_p50:>8.2f} {floor_p99:>8.2f} {floor_rate:>8.0f} "
+            f"{'':>10} {'':>9}"
         )
         stores = {"gateway, SQLite": f"sqlite:///{work / 'bench.db'}"}
         schema = f"gw_bench_{uuid.uuid4().hex[:8]}"
@@ -176,7 +177,8 @@ def main() -> int:
                     p50, p99, rate = measure(gw.port, "gateway", args)
                 print(
                     f"{name:<24} {p50:>8.2f} {p99:>8.2f} {rate:>8.0f} {p50 - floor_p50:>+9.2f}  "
-                    f"{rate / floor_rate:>8.1%}   ({stored_bytes_per_turn(db_url) / 1024:.1f} KB of ids per turn)"
+                    f"{rate / floor_rate:>8.1%}   "
+                    f"({stored_bytes_per_turn(db_url) / 1024:.1f} KB of ids per turn)"
                 )
         finally:
             with admin.begin() as conn:

@@ -62,7 +62,8 @@ async def fill(db_url: str, turns: int) -> None:
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="merge-bench-"))
     print(
-        f"{ROLLOUTS} rollouts a row; prompt {FIRST_PROMPT}, completion {COMPLETION}, tool result {ENVIRONMENT} tokens\n"
+        f"{ROLLOUTS} rollouts a row; prompt {FIRST_PROMPT}, completion {COMPLETION}, "
+        f"tool result {ENVIRONMENT} tokens\n"
     )
     print(f"{'turns':>6} {'step-wise tokens':>17} {'merged tokens':>14} {'saved':>7} {'samples':>12}")
     for turns in (5, 10, 20):

@@ -53,7 +53,10 @@ class Connection:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        head = f"POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        )
         self.writer.write(head.encode() + body)
         status = int((await self.reader.readline()).split()[1])
         length = 0
@@ -196,13 +199,13 @@ def main() -> int:
         admin.dispose()
 
     print(
-        f"\n{'store':<11} {'errors':>6} {'answered':>9} {'stored':>9} {'p50 ms':>7} {'p99 ms':>8} {'calls/s':>8}  "
-        f"gateway RSS MB (start, middle, end)"
+        f"\n{'store':<11} {'errors':>6} {'answered':>9} {'stored':>9} {'p50 ms':>7} {'p99 ms':>8} "
+        f"{'calls/s':>8}  gateway RSS MB (start, middle, end)"
     )
     for name, tally, stored, p50, p99, rate, memory in results:
         print(
-            f"{name:<11} {tally.errors:>6} {tally.answered:>9} {stored:>9} {p50:>7.1f} {p99:>8.1f} {rate:>8.0f}  "
-            + ", ".join(f"{m:.0f}" for m in memory)
+            f"{name:<11} {tally.errors:>6} {tally.answered:>9} {stored:>9} {p50:>7.1f} {p99:>8.1f} "
+            f"{rate:>8.0f}  " + ", ".join(f"{m:.0f}" for m in memory)
         )
     failed = any(tally.errors or stored != tally.answered for _, tally, stored, *_ in results)
     return 1 if failed else 0

@@ -115,7 +115,8 @@ def main() -> int:
     }
     print(f"{args.turns} turns, {TURNS_PER_ROLLOUT} per rollout, {GROUP_SIZE} rollouts per group\n")
     print(
-        f"{'store':<12} {'fill s':>8} {'read s':>8} {'tensors s':>10} {'samples':>8} {'Mtokens':>8} {'Mtok/s':>8} {'stored MB':>10} {'undelta MB':>10}"
+        f"{'store':<12} {'fill s':>8} {'read s':>8} {'tensors s':>10} {'samples':>8} {'Mtokens':>8} "
+        f"{'Mtok/s':>8} {'stored MB':>10} {'undelta MB':>10}"
     )
     try:
         for name, db_url in stores.items():
@@ -126,8 +127,9 @@ def main() -> int:
             samples, tokens, elapsed, tensor_seconds = read(db_url)
             stored, full = token_bytes(db_url)
             print(
-                f"{name:<12} {filled:>8.1f} {elapsed:>8.2f} {tensor_seconds:>10.2f} {samples:>8} {tokens / 1e6:>8.2f} "
-                f"{tokens / elapsed / 1e6:>8.2f} {stored / 1e6:>10.1f} {full / 1e6:>10.1f}"
+                f"{name:<12} {filled:>8.1f} {elapsed:>8.2f} {tensor_seconds:>10.2f} {samples:>8} "
+                f"{tokens / 1e6:>8.2f} {tokens / elapsed / 1e6:>8.2f} {stored / 1e6:>10.1f} "
+                f"{full / 1e6:>10.1f}"
             )
     finally:
         with admin.begin() as conn:

@@ -30,7 +30,8 @@ def key_hash(key: str) -> str:
 
 
 def bearer_token(request: Request) -> str | None:
-    """The caller's token: `Authorization: Bearer T` (OpenAI clients), else `x-api-key` (Anthropic clients)."""
+    """The caller's token: `Authorization: Bearer T` (OpenAI clients), else `x-api-key` (Anthropic
+    clients)."""
     authorization = request.headers.get("authorization")
     if authorization is not None:
         scheme, _, token = authorization.partition(" ")

@@ -21,7 +21,8 @@ class BackendStreamError(Exception):
 
 
 class BackendFailure(Exception):
-    """No answer from the backends: `kind` is timeout, unreachable or failed (`gateway.errors` maps it to HTTP)."""
+    """No answer from the backends: `kind` is timeout, unreachable or failed (`gateway.errors` maps it to
+    HTTP)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -70,7 +71,8 @@ class BackendPool:
         self.scale_out: dict[str, bool] = {}
         """Whether each backend serves vLLM's token-in/token-out endpoints (once known)."""
         self._session = aiohttp.ClientSession(
-            # Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are reused.
+            # Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are
+            # reused.
             connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=4.0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout),
             # The gateway's own credentials (vLLM's --api-key); an agent's are never forwarded.
@@ -105,9 +107,9 @@ class BackendPool:
         raise BackendFailure("unreachable", message) from last_error
 
     async def _post(self, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        """POST, once more if the server closed the connection before answering. The usual cause is a pooled idle
-        connection the server closed just as it was reused (the request never got through); a server that really
-        went away fails the second attempt too."""
+        """POST, once more if the server closed the connection before answering. The usual cause is a pooled
+        idle connection the server closed just as it was reused (the request never got through); a server
+        that really went away fails the second attempt too."""
         try:
             return await self._session.post(url, **kwargs)
         except aiohttp.ServerDisconnectedError:

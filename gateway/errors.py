@@ -164,7 +164,8 @@ def validation_message(errors: list) -> tuple[str, str | None]:  # type: ignore[
 
 _ROUTES_HELP = (
     "agent API under /rollouts/{rollout_id}/v1: POST chat/completions, POST completions, GET models; "
-    "control API: POST /rollouts, POST /rollouts/{id}/reward, POST /rollouts/{id}/finish, GET /rollouts/{id}; "
+    "control API: POST /rollouts, POST /rollouts/{id}/reward, POST /rollouts/{id}/finish, "
+    "GET /rollouts/{id}; "
     "admin API: /admin/pause, /admin/resume, /admin/policy_version, /admin/reload_weights, GET /admin/state; "
     "GET /healthz, /metrics, /openapi.json, /docs"
 )

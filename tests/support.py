@@ -90,7 +90,7 @@ def run_rollout(
         body = {"model": "tiny", "messages": messages, "max_tokens": 4, "min_tokens": 4, "seed": turn}
         reply = httpx.post(created["base_url"] + "/chat/completions", json=body, timeout=60).json()
         answer = {"role": "assistant", "content": reply["choices"][0]["message"]["content"]}
-        messages = messages + [answer, {"role": "user", "content": "More."}]
+        messages = [*messages, answer, {"role": "user", "content": "More."}]
     if failing_turn:  # a request vLLM refuses: stored as an error turn
         httpx.post(
             created["base_url"] + "/chat/completions", json={**body, "max_tokens": 100_000}, timeout=60

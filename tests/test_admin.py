@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -24,7 +25,7 @@ def fresh(start_gateway, databases, db_kind):
 
 
 def test_pause_holds_new_calls_until_resume(fresh, rollout_id):
-    gateway, db_url = fresh()
+    gateway, _db_url = fresh()
     paused = admin(gateway, "/pause", json={"mode": "wait"}).json()
     done = threading.Event()
 
@@ -50,7 +51,7 @@ def test_pause_holds_new_calls_until_resume(fresh, rollout_id):
 
 
 def test_new_policy_version_stamps_the_turns_that_follow(fresh, rollout_id):
-    gateway, db_url = fresh("--policy-version", "3")
+    gateway, _db_url = fresh("--policy-version", "3")
     url = gateway.agent_url(rollout_id) + "/chat/completions"
     httpx.post(url, json=CHAT, timeout=60)
     try:
@@ -65,7 +66,7 @@ def test_new_policy_version_stamps_the_turns_that_follow(fresh, rollout_id):
 
 
 def test_streamed_turn_survives_a_keep_mode_weight_update_and_records_its_versions(fresh, rollout_id):
-    gateway, db_url = fresh("--mode", "exact", "--policy-version", "1")
+    gateway, _db_url = fresh("--mode", "exact", "--policy-version", "1")
     body = {**CHAT, "max_tokens": 1900, "min_tokens": 1900, "stream": True}
     try:
         with httpx.stream(
@@ -94,7 +95,7 @@ def test_streamed_turn_survives_a_keep_mode_weight_update_and_records_its_versio
     # vLLM's own spans of output tokens per weight version, as it reported them.
     spans = turn["weight_versions"]
     assert spans[0]["start"] == 0 and spans[-1]["end"] == len(turn["completion_token_ids"]) == 1900
-    assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))
+    assert all(a["end"] == b["start"] for a, b in itertools.pairwise(spans))
 
 
 def test_pause_timeout_answers_503_in_openai_format(fresh, rollout_id):
@@ -133,7 +134,7 @@ def test_admin_api_requires_the_token_when_one_is_set(fresh):
 def test_trainer_weight_sync_pauses_sets_the_version_and_resumes(fresh, rollout_id):
     from trainer_client import GatewayAdmin
 
-    gateway, db_url = fresh("--admin-token", "t")
+    gateway, _db_url = fresh("--admin-token", "t")
     client = GatewayAdmin(gateway.url, admin_token="t")
     try:
         with client.weight_sync("9") as paused:

@@ -58,11 +58,11 @@ def test_32_concurrent_rollouts_are_all_recorded_exactly(gateway, vllm, db_url):
 
     conversations = asyncio.run(run())
 
-    for rollout_id, sent in zip(ids, conversations):
+    for rollout_id, sent in zip(ids, conversations, strict=True):
         rollout = stored_rollout(gateway, rollout_id)
         assert rollout["group_id"] == group
         assert [t["index"] for t in rollout["turns"]] == [0, 1]
-        for turn, messages in zip(rollout["turns"], sent):
+        for turn, messages in zip(rollout["turns"], sent, strict=False):
             assert turn["status"] == "ok"
             assert turn["messages"] == messages
             assert turn["prompt_token_ids"] == tokenize_chat(vllm, messages)

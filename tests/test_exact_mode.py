@@ -3,6 +3,7 @@ under a template that strips earlier thinking; pass-through on that template dri
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
@@ -30,18 +31,18 @@ def run_agent(base_url: str, *, stream: bool) -> list[dict]:
     ]
     replies = []
     for _ in range(TURNS):
-        kwargs = dict(
-            model="tiny",
-            messages=messages,
-            tools=TOOLS,
-            max_tokens=120,
-            temperature=1.0,
-            seed=1,
-            extra_body={
+        kwargs = {
+            "model": "tiny",
+            "messages": messages,
+            "tools": TOOLS,
+            "max_tokens": 120,
+            "temperature": 1.0,
+            "seed": 1,
+            "extra_body": {
                 "structured_outputs": {"regex": THINK_THEN_CALL},
                 "chat_template": THINK_STRIPPING_CHAT_TEMPLATE,
             },
-        )
+        }
         if stream:
             content, calls, finish = "", {}, None
             for chunk in agent.chat.completions.create(**kwargs, stream=True):
@@ -68,7 +69,7 @@ def run_agent(base_url: str, *, stream: bool) -> list[dict]:
             }
         replies.append({"finish_reason": finish, **reply})
         messages += [
-            {k: v for k, v in reply.items()},
+            dict(reply),
             {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "a.txt"},
             {"role": "user", "content": "Again."},
         ]
@@ -92,11 +93,11 @@ def test_exact_mode_extends_every_turn_token_for_token_and_merges(
     turns = stored_rollout(gateway, rollout["rollout_id"])["turns"]
     assert [t["splice"] for t in turns] == ["render"] + ["exact"] * (TURNS - 1)
     assert [t["parent_turn"] for t in turns] == [None, 0, 1, 2, 3]
-    for previous, turn in zip(turns, turns[1:]):
+    for previous, turn in itertools.pairwise(turns):
         exact = previous["prompt_token_ids"] + previous["completion_token_ids"]
         assert turn["prompt_token_ids"][: len(exact)] == exact
         assert turn["drift_tokens"] > 0  # what the plain render would have lost
-    for turn, reply in zip(turns, replies):
+    for turn, reply in zip(turns, replies, strict=False):
         assert detokenize(vllm, turn["completion_token_ids"]).startswith(reply["content"] + "<tool_call>")
         assert len(turn["completion_logprobs"]) == len(turn["completion_token_ids"])
     with TrainerClient(db_url) as client:

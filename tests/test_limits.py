@@ -1,5 +1,6 @@
 """Per-rollout limits (max_turns, max_context_tokens) and prompts longer than the engine's context: a clean
-OpenAI-format 400 that the SDKs do not retry, a refused turn, and the rollout's summary saying why it ended."""
+OpenAI-format 400 that the SDKs do not retry, a refused turn, and the rollout's summary saying why it
+ended."""
 
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ def test_a_prompt_past_max_context_tokens_is_refused_with_its_ids(gateway_on_vll
     error = assert_refused(chat(gateway, rollout["rollout_id"], CHAT), "context_length_exceeded")
 
     assert error["message"] == (
-        f"this model's maximum context length is 8 tokens for this rollout; the prompt has {len(prompt)} tokens"
+        "this model's maximum context length is 8 tokens for this rollout; "
+        f"the prompt has {len(prompt)} tokens"
     )
     stored = stored_rollout(gateway, rollout["rollout_id"])
     assert stored["end_reason"] == "max_context_tokens"

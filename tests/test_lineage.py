@@ -3,6 +3,8 @@ where a harness edited its history, the turn it forked from."""
 
 from __future__ import annotations
 
+import itertools
+
 import httpx
 import numpy as np
 import openai
@@ -51,7 +53,7 @@ def test_each_turn_records_its_parent_and_exact_drift(gateway, vllm, db_url, rol
     turns = stored_rollout(gateway, rollout_id)["turns"]
     assert [(t["parent_turn"], t["forked_from"]) for t in turns] == [(None, None), (0, None), (1, None)]
     assert turns[0]["drift_tokens"] is None
-    for parent, turn in zip(turns, turns[1:]):
+    for parent, turn in itertools.pairwise(turns):
         assert turn["drift_tokens"] == expected_drift(parent, turn["prompt_token_ids"])
     # The re-rendered tool call is tokenized differently from the characters the model sampled one by one.
     assert all(t["drift_tokens"] > 0 for t in turns[1:])
@@ -104,7 +106,7 @@ def test_drift_views_count_extending_drifted_and_forked_turns(gateway, db_url, r
     chat(
         gateway,
         rollout_id,
-        messages + [reply, {"role": "tool", "tool_call_id": "x", "content": "a.txt"}],
+        [*messages, reply, {"role": "tool", "tool_call_id": "x", "content": "a.txt"}],
         structured_outputs={"regex": LS_TMP_REGEX},
     )
     chat(gateway, rollout_id, [{"role": "user", "content": "Unrelated."}])
@@ -113,8 +115,8 @@ def test_drift_views_count_extending_drifted_and_forked_turns(gateway, db_url, r
     with engine.connect() as conn:
         row = conn.execute(
             sa.text(
-                "SELECT turns, extending_turns, drifted_turns, forked_turns, drift_rate FROM drift_by_rollout "
-                "WHERE rollout_id = :r"
+                "SELECT turns, extending_turns, drifted_turns, forked_turns, drift_rate "
+                "FROM drift_by_rollout WHERE rollout_id = :r"
             ),
             {"r": rollout_id},
         ).one()

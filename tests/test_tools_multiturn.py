@@ -60,7 +60,8 @@ def test_streamed_tool_call_is_assembled_like_the_whole_one(gateway, db_url, rol
 
 
 def run_tool_agent(client: openai.OpenAI, turns: int, stream: bool) -> list[list[dict]]:
-    """A harness in the usual shape: call, run the tool, append both, call again. Returns each call's messages."""
+    """A harness in the usual shape: call, run the tool, append both, call again. Returns each call's
+    messages."""
     messages: list[dict] = [
         {"role": "system", "content": "You can list directories."},
         {"role": "user", "content": "What is in /tmp?"},
@@ -68,9 +69,14 @@ def run_tool_agent(client: openai.OpenAI, turns: int, stream: bool) -> list[list
     sent = []
     for _ in range(turns):
         sent.append(list(messages))
-        kwargs = dict(
-            model="tiny", messages=messages, tools=TOOLS, max_tokens=80, temperature=0.0, extra_body=FORCE_LS
-        )
+        kwargs = {
+            "model": "tiny",
+            "messages": messages,
+            "tools": TOOLS,
+            "max_tokens": 80,
+            "temperature": 0.0,
+            "extra_body": FORCE_LS,
+        }
         if stream:
             calls: dict[int, dict] = {}
             for chunk in client.chat.completions.create(**kwargs, stream=True):
@@ -95,7 +101,7 @@ def test_multi_turn_tool_rollout_stores_every_prompt_exactly(gateway, vllm, db_u
 
     turns = stored_rollout(gateway, rollout_id)["turns"]
     assert [t["index"] for t in turns] == [0, 1, 2]
-    for turn, messages in zip(turns, sent):
+    for turn, messages in zip(turns, sent, strict=False):
         assert turn["messages"] == messages
         assert turn["prompt_token_ids"] == tokenize_chat(vllm, messages, TOOLS)
         assert turn["finish_reason"] == "tool_calls"
@@ -106,7 +112,7 @@ def test_streamed_multi_turn_rollout_stores_the_same_prompts(gateway, vllm, db_u
     sent = run_tool_agent(agent(gateway, rollout_id), turns=3, stream=True)
 
     turns = stored_rollout(gateway, rollout_id)["turns"]
-    for turn, messages in zip(turns, sent):
+    for turn, messages in zip(turns, sent, strict=False):
         assert turn["prompt_token_ids"] == tokenize_chat(vllm, messages, TOOLS)
 
 
@@ -124,7 +130,7 @@ def test_turns_store_only_what_is_new_against_their_parent(gateway, db_url, roll
             {"r": rollout_id},
         ).all()
     engine.dispose()
-    for row, turn in zip(rows, full):
+    for row, turn in zip(rows, full, strict=False):
         stored_ids = len(row.prompt_ids) // 4
         assert row.prefix_tokens + stored_ids == turn["prompt_tokens"]
     # Turn 1 shares the whole of turn 0's prompt; it stores only the reply's re-rendering and the tool result.

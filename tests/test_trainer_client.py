@@ -29,7 +29,7 @@ def store(start_gateway, databases, db_kind):
 
 
 def test_samples_are_the_stored_turns_token_for_token(store):
-    gateway, client, db_url = store
+    gateway, client, _db_url = store
     ids = [run_rollout(gateway, "g", reward=r, turns=3) for r in (1.0, 0.0)]
 
     batch = client.read()
@@ -77,7 +77,7 @@ def test_padded_and_packed_tensors_lay_out_each_sample_exactly(store):
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
     assert padded["input_ids"].shape == (3, max(lengths))
     assert packed["cu_seqlens"].tolist() == [0, *np.cumsum(lengths).tolist()]
-    for row, (sample, length) in enumerate(zip(samples, lengths)):
+    for row, (sample, length) in enumerate(zip(samples, lengths, strict=True)):
         prompt = len(sample.prompt_ids)
         assert padded["input_ids"][row, :length].tolist() == sample.input_ids.tolist()
         assert padded["input_ids"][row, length:].tolist() == [-1] * (max(lengths) - length)
@@ -185,7 +185,7 @@ print(json.dumps(taken))
 
 
 def test_two_trainer_processes_claim_every_rollout_exactly_once(store):
-    gateway, client, db_url = store
+    gateway, _client, db_url = store
     rollouts = {run_rollout(gateway, f"g{i}", reward=float(i % 2), turns=1) for i in range(16)}
 
     trainers = [
@@ -308,7 +308,7 @@ def test_stats_counts_rollouts_turns_errors_and_claims(store):
 
 
 def test_tail_prints_groups_as_they_finish(store):
-    gateway, client, db_url = store
+    gateway, _client, db_url = store
     run_rollout(gateway, "before", reward=1.0, turns=1)
     tail = subprocess.Popen(
         [sys.executable, "-m", "trainer_client.cli", "tail", "--db", db_url, "--interval", "0.2"],
@@ -327,7 +327,8 @@ def test_tail_prints_groups_as_they_finish(store):
 
 
 def exact_completions_rollout(gateway, vllm, turns: int) -> str:
-    """A token-in agent that sends back exactly what the model produced, plus an environment token each turn."""
+    """A token-in agent that sends back exactly what the model produced, plus an environment token each
+    turn."""
     from support import tokenize_chat
 
     created = httpx.post(gateway.url + "/rollouts", json={"group_id": "exact"}).json()
@@ -349,7 +350,7 @@ def exact_completions_rollout(gateway, vllm, turns: int) -> str:
 
 
 def test_merged_sample_joins_an_exact_chain_and_keeps_every_completion_token(store, vllm):
-    gateway, client, db_url = store
+    gateway, client, _db_url = store
     rollout = exact_completions_rollout(gateway, vllm, turns=3)
 
     steps = client.read().samples
@@ -372,7 +373,7 @@ def test_merged_sample_joins_an_exact_chain_and_keeps_every_completion_token(sto
 
 
 def test_merging_refuses_turns_that_drift(store):
-    gateway, client, db_url = store
+    gateway, client, _db_url = store
     rollout = run_rollout(gateway, "g", reward=1.0, turns=3)
     drifts = [t["drift_tokens"] for t in stored_rollout(gateway, rollout)["turns"]]
 
@@ -384,7 +385,7 @@ def test_merging_refuses_turns_that_drift(store):
 
 
 def test_export_merged_writes_one_line_per_chain(store, vllm, tmp_path):
-    gateway, client, db_url = store
+    gateway, _client, db_url = store
     exact_completions_rollout(gateway, vllm, turns=2)
     output = tmp_path / "merged.jsonl"
 
@@ -434,7 +435,7 @@ def test_a_killed_trainers_claims_return_after_its_lease(store):
 
 
 def test_a_committed_claim_is_kept_after_its_lease(store):
-    gateway, client, db_url = store
+    gateway, client, _db_url = store
     rollouts = [run_rollout(gateway, "g", reward=r, turns=1) for r in (1.0, 0.0)]
 
     assert len(client.claim("t1", 0, lease=0.5)) == 2
@@ -446,7 +447,7 @@ def test_a_committed_claim_is_kept_after_its_lease(store):
 
 
 def test_a_renewed_lease_keeps_the_claim_past_its_first_term(store):
-    gateway, client, db_url = store
+    gateway, client, _db_url = store
     run_rollout(gateway, "g", reward=1.0, turns=1)
 
     assert len(client.claim("t1", 0, lease=0.5)) == 1

@@ -89,7 +89,8 @@ def test_async_grpo_through_the_gateway_raises_mean_reward(policy_vllm, start_ga
     # Every trained sample was sampled at most MAX_STALENESS versions before the step that used it.
     lags = query(
         db_url,
-        "SELECT r.claim_step - CAST(t.policy_version AS INTEGER) FROM turns t JOIN rollouts r USING (rollout_id) "
+        "SELECT r.claim_step - CAST(t.policy_version AS INTEGER) "
+        "FROM turns t JOIN rollouts r USING (rollout_id) "
         "WHERE r.claimed_by IS NOT NULL AND r.skip_reason IS NULL",
     )
     assert lags and max(lag for (lag,) in lags) <= MAX_STALENESS

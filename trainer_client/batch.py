@@ -38,7 +38,7 @@ class Batch:
         loss_mask = np.zeros((rows, width), dtype=np.float32)
         old_logprobs = np.zeros((rows, width), dtype=np.float32)
         advantages = np.zeros((rows, width), dtype=np.float32)
-        for row, (sample, (ids, mask, logprobs)) in enumerate(zip(self.samples, sequences)):
+        for row, (sample, (ids, mask, logprobs)) in enumerate(zip(self.samples, sequences, strict=True)):
             length = ids.shape[0]
             input_ids[row, :length] = ids
             attention[row, :length] = 1

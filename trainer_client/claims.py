@@ -43,7 +43,7 @@ def claim_groups(
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
     locked = conn.execute(query).all()
-    expected = dict(
+    expected: dict[str, int] = dict(
         conn.execute(select(r.c.group_id, func.count()).where(*unclaimed).group_by(r.c.group_id)).all()
     )
     held = Counter(row.group_id for row in locked)

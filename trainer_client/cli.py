@@ -114,9 +114,9 @@ def _table(rows: list[dict[str, Any]]) -> None:
     columns = list(rows[0])
     cells = [[_cell(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    print("  " + "  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    print("  " + "  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
     for row in cells:
-        print("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths)))
+        print("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
 
 
 def _cell(value: Any) -> str:
@@ -165,7 +165,8 @@ def _export(args: argparse.Namespace) -> int:
 class _JsonlSink:
     def __init__(self, target: Path | BinaryIO) -> None:
         self._owned = isinstance(target, Path)
-        self._file: BinaryIO = open(target, "wb") if isinstance(target, Path) else target
+        # The sink owns the file it opened and closes it in close().
+        self._file: BinaryIO = open(target, "wb") if isinstance(target, Path) else target  # noqa: SIM115
 
     def write(self, records: list[dict[str, Any]]) -> None:
         self._file.writelines(json.dumps(record).encode() + b"\n" for record in records)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from gateway.store.database import make_engine, require_current_schema
-from trainer_client.batch import Batch
+from trainer_client.batch import Batch, Sample
 from trainer_client.claims import claim_groups, commit_claims, read_groups, release_claims, renew_claims
 from trainer_client.groups import SampleOptions, Selection, ready_groups
 from trainer_client.reader import load_samples
@@ -69,7 +70,7 @@ class TrainerClient:
     def _load(self, selection: Selection, options: SampleOptions) -> Batch:
         with self.engine.connect() as conn:
             samples = load_samples(conn, selection.rollouts, merged=options.merged)
-        return Batch(samples, selection.counts())
+        return Batch(cast(list[Sample], samples), selection.counts())
 
     def close(self) -> None:
         self._write_engine.dispose()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,7 +113,7 @@ def ready_groups(
     return [row[0] for row in conn.execute(query)]
 
 
-def load_rollouts(conn: Connection, rollout_rows: list[Any]) -> list[RolloutInfo]:
+def load_rollouts(conn: Connection, rollout_rows: Sequence[Any]) -> list[RolloutInfo]:
     """RolloutInfo for rollout rows, with their turn counts and policy versions."""
     infos = {
         row.rollout_id: RolloutInfo(
@@ -162,7 +163,7 @@ def classify(rollouts: list[RolloutInfo], options: SampleOptions) -> Selection:
         rewards = np.array([r.reward for r in trainable], dtype=np.float64)
         centred = rewards - rewards.mean()
         advantages = centred / (rewards.std() + options.epsilon) if options.normalize_std else centred
-        for info, advantage in zip(trainable, advantages):
+        for info, advantage in zip(trainable, advantages, strict=True):
             info.advantage = float(advantage)
         selection.served[group_id] = trainable
     return selection

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -19,10 +19,10 @@ class GatewayAdmin:
         response = self._http.post("/admin" + path, json=body)
         if response.status_code != 200:
             raise RuntimeError(f"gateway {path} failed: HTTP {response.status_code} {response.text[:300]}")
-        return response.json()
+        return cast(dict[str, Any], response.json())
 
     def state(self) -> dict[str, Any]:
-        return self._http.get("/admin/state").raise_for_status().json()
+        return cast(dict[str, Any], self._http.get("/admin/state").raise_for_status().json())
 
     def pause(self, mode: str = "wait", timeout: float = 600.0) -> dict[str, Any]:
         return self._post("/pause", {"mode": mode, "timeout": timeout})

@@ -55,7 +55,8 @@ async def set_policy_version(state: GatewayState, version: str) -> AdminState:
 
 
 async def reload_weights(state: GatewayState) -> AdminState:
-    """Every backend reloads its weights from its model directory (where the trainer has just written them)."""
+    """Every backend reloads its weights from its model directory (where the trainer has just written
+    them)."""
     await state.backends.call_all("/collective_rpc", json={"method": "reload_weights"})
     log.info("backends reloaded their weights")
     return admin_state(state)

@@ -49,7 +49,8 @@ async def create_rollout(
     response: Response,
     state: GatewayState = Depends(require_control),
 ) -> RolloutCreated:
-    """Create a rollout (idempotent on `rollout_id`) and return the base URL (and key) to hand to the agent."""
+    """Create a rollout (idempotent on `rollout_id`) and return the base URL (and key) to hand to the
+    agent."""
     key = new_rollout_key() if state.settings.rollout_keys else None
     limits = Limits(**body.limits.model_dump()) if body.limits is not None else Limits()
     new = NewRollout(

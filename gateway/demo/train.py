@@ -36,8 +36,8 @@ def run_train_demo(*, workdir: str, steps: int, groups_per_step: int, group_size
     with engine_and_gateway(policy, db_url, root, "-train") as gateway:
         config = demo_config(policy, db_url, gateway.url, steps, groups_per_step, group_size)
         say(
-            f"[4/4] Training: {steps} steps of {groups_per_step} groups x {group_size} rollouts; reward = share "
-            f"of the reply's characters that are {config.task.target!r}; evaluation every "
+            f"[4/4] Training: {steps} steps of {groups_per_step} groups x {group_size} rollouts; "
+            f"reward = share of the reply's characters that are {DEMO_TASK.target!r}; evaluation every "
             f"{config.eval_every} steps"
         )
         result = run_loop(config, on_step=lambda report: say("    " + report.line()))

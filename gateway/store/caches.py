@@ -1,4 +1,5 @@
-"""What the writer remembers of rollouts between transactions, so that a turn of a known rollout is one INSERT.
+"""What the writer remembers of rollouts between transactions, so that a turn of a known rollout is one
+INSERT.
 
 Owned by the writer thread. Changes made inside a transaction are held apart and published only once it
 commits; a failed transaction drops them, a conflict with another replica drops everything.
@@ -53,7 +54,8 @@ class WriterCaches:
         self._batch_states: dict[str, RolloutState] = {}
         self._finished: list[str] = []
         self.early_retries: dict[tuple[str, str, int], dict[int, int]] = {}
-        """Retries committed before the attempt they repeat: (rollout, request hash, choice) -> {turn: attempt}."""
+        """Retries committed before the attempt they repeat: (rollout, request hash, choice) ->
+        {turn: attempt}."""
 
     def committed_state(self, rollout_id: str) -> RolloutState | None:
         """Safe from the event loop: a plain dict read."""

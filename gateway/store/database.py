@@ -155,7 +155,8 @@ def require_current_schema(engine: Engine) -> None:
         raise SchemaMismatch(f"{engine.url.render_as_string(hide_password=True)} holds no gateway store")
     if current != head:
         raise SchemaMismatch(
-            f"database is at schema revision {current}, this client needs {head}: run `gateway db upgrade --db URL`"
+            f"database is at schema revision {current}, this client needs {head}: "
+            "run `gateway db upgrade --db URL`"
         )
 
 
@@ -172,7 +173,8 @@ def ensure_schema(url: str) -> None:
         upgrade(url)
     elif current != head:
         raise SchemaMismatch(
-            f"database is at schema revision {current}, this gateway needs {head}: run `gateway db upgrade --db URL`"
+            f"database is at schema revision {current}, this gateway needs {head}: "
+            "run `gateway db upgrade --db URL`"
         )
 
 

@@ -31,7 +31,7 @@ def reference_of(row: Mapping[str, Any]) -> int | None:
     return parent if parent is not None else row.get("forked_from")
 
 
-def rebuild(rows: Iterable[Mapping[str, Any]]) -> dict[int, FullTurn]:
+def rebuild(rows: Iterable[Mapping[Any, Any]]) -> dict[int, FullTurn]:
     """Full prompts and messages of a rollout's turns, from rows in ascending `turn_index` order.
 
     Rows without a `messages` column (token-only reads) give `messages=None`.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -51,7 +51,7 @@ def _canonical_arguments(arguments: Any) -> str:
         try:
             arguments = orjson.loads(arguments)
         except orjson.JSONDecodeError:
-            return arguments
+            return cast(str, arguments)
     return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
 
 
@@ -190,7 +190,7 @@ def _full(lineage: Lineage, index: int, load: Callable[[int], Node]) -> Node:
 
 def _equal_prefix(a: Messages | None, b: Messages | None) -> int:
     n = 0
-    for left, right in zip(a or (), b or ()):
+    for left, right in zip(a or (), b or (), strict=False):
         if left != right:
             break
         n += 1

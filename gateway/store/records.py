@@ -47,7 +47,8 @@ class TurnRecord:
     finished_at: float = 0.0
     splice: str | None = None
     policy_version_end: str | None = None
-    """The policy version when the turn finished: differs from `policy_version` if weights changed meanwhile."""
+    """The policy version when the turn finished: differs from `policy_version` if weights changed
+    meanwhile."""
     weight_versions: list[dict[str, Any]] | None = None
     """Exact mode: vLLM's spans of output tokens per weight version."""
     plain_prompt_ids: np.ndarray | None = None
@@ -125,7 +126,8 @@ class Reward:
 
 
 class StoreError(Exception):
-    """A write the store refused before writing anything; `code` says why (`gateway.errors` maps it to HTTP)."""
+    """A write the store refused before writing anything; `code` says why (`gateway.errors` maps it to
+    HTTP)."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)

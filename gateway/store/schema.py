@@ -128,7 +128,8 @@ turns = Table(
     Column("request_hash", String(32)),
     Column("attempt", Integer, nullable=False, server_default="0"),
     Column("retry_of", Integer),
-    # Exact engine tokens, and the turn's place in its rollout (see gateway.store.chain).
+    # Exact engine tokens, and the turn's place in its rollout (see gateway.store.lineage and
+    # gateway.store.delta).
     Column("parent_turn", Integer),
     Column("forked_from", Integer),
     Column("prefix_tokens", Integer, nullable=False),

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
@@ -30,6 +30,7 @@ from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, 
 log = logging.getLogger(__name__)
 
 Operation = Callable[[Connection], Any]
+_T = TypeVar("_T")
 # Replicas writing one rollout at the same moment race for its next turn index; the loser retries.
 _CONFLICT_ATTEMPTS = 10
 
@@ -62,10 +63,10 @@ class StoreWriter:
         """Status, mode, key and limits of a rollout this process has seen, as of the latest commit."""
         return self._caches.committed_state(rollout_id)
 
-    def submit(self, operation: Operation) -> asyncio.Future[Any]:
+    def submit(self, operation: Callable[[Connection], _T]) -> asyncio.Future[_T]:
         """Enqueue without awaiting: safe from a cancelled task (the write still happens)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[_T] = loop.create_future()
         self._queue.put(_Pending(operation, future, loop))
         return future
 
@@ -78,7 +79,8 @@ class StoreWriter:
         return await self.enqueue_turns(records)
 
     async def parent_of(self, rollout_id: str, messages: list[dict[str, Any]]) -> Node | None:
-        """The committed turn a chat request extends (with its full ids), if any: exact mode splices onto it."""
+        """The committed turn a chat request extends (with its full ids), if any: exact mode splices onto
+        it."""
         return await self.submit(lambda conn: self._operations.parent(conn, rollout_id, messages))
 
     async def create_rollout(self, new: NewRollout) -> tuple[dict[str, Any], bool]:

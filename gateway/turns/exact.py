@@ -58,7 +58,8 @@ def generate_body(
     stream: bool,
     limits: Limits,
 ) -> dict[str, Any]:
-    """The generate request: vLLM's sampling parameters, the agent's reply length, the rollout's context limit."""
+    """The generate request: vLLM's sampling parameters, the agent's reply length, the rollout's context
+    limit."""
     sampling = dict(request["sampling_params"])
     # render leaves out parameters equal to vLLM's defaults (max_tokens=16 among them): restate the agent's.
     limit = body.get("max_completion_tokens") or body.get("max_tokens")

@@ -71,7 +71,7 @@ async def _chunks(
             if asked.token_ids:
                 if first:
                     chunk["prompt_token_ids"] = prompt
-                for out, choice in zip(chunk.get("choices") or (), event.get("choices") or ()):
+                for out, choice in zip(chunk.get("choices") or (), event.get("choices") or (), strict=False):
                     out["token_ids"] = choice.get("token_ids")
             capture.strip(chunk, asked)
             first = False

@@ -8,7 +8,7 @@ fails before the reply starts, the turn is stored once, here: refused by a limit
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,7 +138,7 @@ async def _turn(
     return await _whole(ctx, capture, upstream, asked, wire)
 
 
-async def _counted(ctx: TurnContext, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def _counted(ctx: TurnContext, chunks: AsyncIterable[Any]) -> AsyncIterator[Any]:
     """A streamed call is in flight until its last byte (or its client leaves)."""
     try:
         async for chunk in chunks:

@@ -59,7 +59,8 @@ class Recorder:
         await self._store.writer.insert_turns(records)
 
     async def refused(self, capture: TurnCapture, limit: Limit, message: str) -> None:
-        """A rollout limit stopped the call before any engine time: a refused turn, the rollout's end reason."""
+        """A rollout limit stopped the call before any engine time: a refused turn, the rollout's end
+        reason."""
         record = self._ended(capture, TurnStatus.REFUSED, message)[0]
         record.http_status = 400
         record.refused_by = limit

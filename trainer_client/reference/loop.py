@@ -1,9 +1,9 @@
 """Async GRPO end to end against a running gateway: rollout workers and the reference trainer together.
 
 Training rollouts flow without pause while the trainer claims ready groups, steps and syncs weights. After
-every `eval_every` steps (and before the first and after the last) the trainer waits while one round of evaluation rollouts,
-tagged `eval`, is played at the current version. The result is the per-step log, mean reward per policy version
-(training and evaluation rollouts) and pass@k, saved as JSON and plotted as a PNG.
+every `eval_every` steps (and before the first and after the last) the trainer waits while one round of
+evaluation rollouts, tagged `eval`, is played at the current version. The result is the per-step log, mean
+reward per policy version (training and evaluation rollouts) and pass@k, saved as JSON and plotted as a PNG.
 """
 
 from __future__ import annotations

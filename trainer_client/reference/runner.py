@@ -15,7 +15,7 @@ import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -78,8 +78,8 @@ class RolloutRunner:
         stop: Callable[[], bool] = lambda: False,
         tags: list[str] | None = None,
     ) -> RunnerStats:
-        """Play `groups` groups (or until `stop()`), at most `groups_in_flight` at a time: each worker starts its
-        next group when its last one has ended."""
+        """Play `groups` groups (or until `stop()`), at most `groups_in_flight` at a time: each worker starts
+        its next group when its last one has ended."""
         last = None if groups is None else self._next_group + groups
 
         async def worker() -> None:
@@ -104,10 +104,17 @@ class RolloutRunner:
                 for member, rollout in enumerate(created)
             )
         )
-        played = [(rollout, replies) for rollout, replies in zip(created, episodes) if replies is not None]
+        played = [
+            (rollout, replies)
+            for rollout, replies in zip(created, episodes, strict=True)
+            if replies is not None
+        ]
         rewards = self.task.score([replies for _, replies in played])
         await asyncio.gather(
-            *(self._finish(rollout["rollout_id"], r) for (rollout, _), r in zip(played, rewards))
+            *(
+                self._finish(rollout["rollout_id"], r)
+                for (rollout, _), r in zip(played, rewards, strict=False)
+            )
         )
         self.stats.groups += 1
         self.stats.rollouts += len(created)
@@ -116,7 +123,7 @@ class RolloutRunner:
     async def _create(
         self, group_id: str, rollout_id: str, index: int, tags: list[str] | None
     ) -> dict[str, Any]:
-        body = {
+        body: dict[str, Any] = {
             "rollout_id": rollout_id,
             "group_id": group_id,
             "task_id": self.task.task_id(index),
@@ -125,7 +132,7 @@ class RolloutRunner:
             body["tags"] = tags
         response = await self._control.post("/rollouts", json=body)
         response.raise_for_status()
-        return response.json()
+        return cast(dict[str, Any], response.json())
 
     def _seed(self, index: int, member: int, tags: list[str] | None) -> int | None:
         if self.config.seed is None:

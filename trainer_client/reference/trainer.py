@@ -100,7 +100,8 @@ class GRPOTrainer:
     def run(
         self, on_step: Callable[[StepReport], None] | None = None, alive: Callable[[], bool] = lambda: True
     ) -> list[StepReport]:
-        """Train `steps` steps; `alive()` turning false (the rollout workers died) ends the wait for groups."""
+        """Train `steps` steps; `alive()` turning false (the rollout workers died) ends the wait for
+        groups."""
         reports = []
         for step in range(self.config.steps):
             report = self.step(step, alive)
@@ -196,7 +197,7 @@ class GRPOTrainer:
             clip_high=self.config.clip,
         )
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return {**metrics, "loss": float(loss.detach()), "loss_tokens": float(tensors["loss_mask"].sum())}
@@ -216,7 +217,8 @@ class GRPOTrainer:
 def token_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
-    """[B, T] logprob of each token given those before it (0 at position 0), as `Batch.padded()` aligns them."""
+    """[B, T] logprob of each token given those before it (0 at position 0), as `Batch.padded()` aligns
+    them."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     picked = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return torch.nn.functional.pad(picked, (1, 0))

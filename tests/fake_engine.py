@@ -1,0 +1,142 @@
+"""A scripted stand-in for the gateway's backends, for the in-process tier: each POST gets the reply the test
+queued for its path (vLLM's shapes), or raises the transport failure queued instead."""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from gateway.backend import BackendFailure, BackendStreamError
+
+URL = "http://fake-engine"
+
+
+class FakeReply:
+    """What `BackendReply` offers: a status, the whole body, or its chunks; `broken` cuts it off at the
+    end."""
+
+    def __init__(
+        self, status: int, content: bytes = b"", chunks: list[bytes] | None = None, broken: bool = False
+    ):
+        self.status = status
+        self._content = content
+        self._chunks = chunks if chunks is not None else [content]
+        self._broken = broken
+        self.closed = False
+
+    async def body(self) -> bytes:
+        if self._broken:
+            raise BackendStreamError("backend reply broke off: ServerDisconnectedError()")
+        return self._content
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+        if self._broken:
+            raise BackendStreamError("backend stream broke off: ServerDisconnectedError()")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeEngine:
+    """The surface of `BackendPool` the gateway uses."""
+
+    def __init__(self) -> None:
+        self.urls = [URL]
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self._replies: defaultdict[str, deque[FakeReply | BackendFailure]] = defaultdict(deque)
+
+    def answer(self, path: str, reply: FakeReply | BackendFailure) -> None:
+        self._replies[path].append(reply)
+
+    async def send(self, rollout_id: str, path: str, body: bytes) -> tuple[str, FakeReply]:
+        self.requests.append((path, orjson.loads(body)))
+        reply = self._replies[path].popleft()
+        if isinstance(reply, BackendFailure):
+            raise reply
+        return URL, reply
+
+    async def probe_scale_out(self, url: str) -> bool:
+        return False
+
+    async def exact_capable(self, rollout_id: str) -> bool:
+        return False
+
+    async def call_all(self, path: str, **_: Any) -> None:
+        self.requests.append((path, {}))
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        return 200, orjson.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def close(self) -> None:
+        pass
+
+
+def chat_reply(
+    prompt_ids: list[int],
+    token_ids: list[int],
+    content: str,
+    *,
+    finish_reason: str = "stop",
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> FakeReply:
+    """A whole chat completion as vLLM answers a request with `return_token_ids` and `logprobs`."""
+    logprobs = [{"token": f"t{t}", "logprob": -0.5 * (i + 1), "bytes": None} for i, t in enumerate(token_ids)]
+    payload = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "tiny",
+        "prompt_token_ids": prompt_ids,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "tool_calls": tool_calls or []},
+                "logprobs": {"content": logprobs},
+                "finish_reason": finish_reason,
+                "token_ids": token_ids,
+            }
+        ],
+        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(token_ids)},
+    }
+    return FakeReply(200, orjson.dumps(payload))
+
+
+def chat_stream(
+    prompt_ids: list[int], pieces: list[tuple[int, str]], *, done: bool = True, broken: bool = False
+) -> FakeReply:
+    """A streamed chat completion: one chunk per (token id, text), then the finish chunk and [DONE]."""
+    events: list[dict[str, Any]] = [
+        {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "model": "tiny",
+            "prompt_token_ids": prompt_ids,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        }
+    ]
+    for i, (token, text) in enumerate(pieces):
+        choice = {
+            "index": 0,
+            "delta": {"content": text},
+            "logprobs": {"content": [{"token": text, "logprob": -0.25 * (i + 1)}]},
+            "finish_reason": "stop" if i == len(pieces) - 1 else None,
+            "token_ids": [token],
+        }
+        events.append({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [choice]})
+    chunks = [b"data: " + orjson.dumps(event) + b"\n\n" for event in events]
+    if done:
+        chunks.append(b"data: [DONE]\n\n")
+    return FakeReply(200, chunks=chunks, broken=broken)
+
+
+def error_reply(
+    status: int, message: str, *, kind: str = "BadRequestError", param: str | None = None
+) -> FakeReply:
+    """vLLM's error body."""
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return FakeReply(status, orjson.dumps(body))

@@ -1,0 +1,165 @@
+"""What the gateway answers to malformed or misdirected requests: OpenAI-format errors, nothing stored."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code
+    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    assert error["message"]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        (b"[1, 2]", 400, "invalid_json"),
+        (b'{"model": "tiny"}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": "hi"}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": []}', 422, "invalid_request"),
+        (b'{"model": "tiny", "messages": [{"content": "no role"}]}', 422, "invalid_request"),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": "maybe"}',
+            422,
+            "invalid_request",
+        ),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 0}',
+            422,
+            "invalid_request",
+        ),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 1.5}',
+            422,
+            "invalid_request",
+        ),
+        (b'{"model": 5, "messages": [{"role": "user", "content": "x"}]}', 422, "invalid_request"),
+        (
+            b'{"model": "' + b"m" * 257 + b'", "messages": [{"role": "user", "content": "x"}]}',
+            422,
+            "invalid_request",
+        ),
+    ],
+)
+async def test_malformed_requests_get_openai_errors_and_store_nothing(gw, content, status, code):
+    response = await gw.client.post(
+        "/rollouts/r1/v1/chat/completions", content=content, headers={"content-type": "application/json"}
+    )
+
+    assert_openai_error(response, status, code)
+    assert response.headers["x-should-retry"] == "false"
+    assert gw.engine.requests == []
+    assert (await gw.client.get("/rollouts/r1")).status_code == 404
+
+
+async def test_wrong_type_names_the_offending_parameter(gw):
+    response = await gw.chat("r1", n="many")
+
+    assert assert_openai_error(response, 422, "invalid_request")["param"] == "n"
+
+
+async def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read(start):
+    gw = await start(max_body_bytes=1000)
+
+    response = await gw.chat("r1", messages=[{"role": "user", "content": "x" * 2000}])
+
+    assert_openai_error(response, 413, "request_too_large")
+    assert response.json()["error"]["message"] == "request body exceeds 1000 bytes"
+
+
+async def test_an_invalid_rollout_id_in_the_path_is_400(gw):
+    response = await gw.client.post("/rollouts/bad%20id/v1/chat/completions", json=CHAT)
+
+    assert_openai_error(response, 400, "invalid_rollout_id")
+
+
+async def test_an_unknown_path_says_which_endpoints_exist(gw):
+    response = await gw.client.post("/v1/chat/completions", json=CHAT)
+
+    error = assert_openai_error(response, 404, "unknown_route")
+    assert error["message"].startswith(
+        "no route POST /v1/chat/completions; the gateway serves: agent API under "
+    )
+    assert "/rollouts/{rollout_id}/v1: POST chat/completions" in error["message"]
+
+
+async def test_a_wrong_method_is_405(gw):
+    assert_openai_error(await gw.client.get("/rollouts"), 405, "method_not_allowed")
+
+
+async def test_unregistered_rollouts_are_404_when_registration_is_required(start):
+    gw = await start(require_registered_rollouts=True)
+
+    assert_openai_error(await gw.chat("r1"), 404, "rollout_not_found")
+    assert gw.engine.requests == []
+
+
+async def test_a_rollout_with_rewards_reads_back_through_the_api(gw):
+    assert (await gw.client.post("/rollouts", json={"rollout_id": "r1"})).status_code == 201
+    await gw.client.post("/rollouts/r1/reward", json={"reward": 0.5, "components": {"a": 0.5}})
+    await gw.client.post("/rollouts/r1/finish", json={"reward": 1.0})
+
+    response = await gw.client.get("/rollouts/r1")
+
+    assert response.status_code == 200
+    rewards = [(r["turn_index"], r["value"], r["components"]) for r in response.json()["rewards"]]
+    assert rewards == [(None, 0.5, {"a": 0.5}), (None, 1.0, None)]
+    assert (response.json()["status"], response.json()["reward"]) == ("completed", 1.0)
+
+
+async def test_a_reward_for_a_turn_the_rollout_does_not_have_is_404(gw):
+    await gw.client.post("/rollouts", json={"rollout_id": "r1"})
+
+    response = await gw.client.post("/rollouts/r1/reward", json={"reward": 1.0, "turn_index": 3})
+
+    assert_openai_error(response, 404, "turn_not_found")
+    assert response.json()["error"]["message"] == "rollout 'r1' has no turn 3"
+
+
+async def test_finishing_twice_is_409_and_keeps_the_first_outcome(gw):
+    await gw.client.post("/rollouts", json={"rollout_id": "r1"})
+    await gw.client.post("/rollouts/r1/finish", json={"status": "failed"})
+
+    again = await gw.client.post("/rollouts/r1/finish", json={"status": "completed", "reward": 1.0})
+
+    assert_openai_error(again, 409, "rollout_finished")
+    assert (await gw.rollout("r1"))["status"] == "failed"
+
+
+async def test_recreating_a_rollout_with_other_fields_is_409(gw):
+    await gw.client.post("/rollouts", json={"rollout_id": "r1", "group_id": "g1"})
+
+    response = await gw.client.post("/rollouts", json={"rollout_id": "r1", "group_id": "g2"})
+
+    assert_openai_error(response, 409, "rollout_conflict")
+
+
+async def test_the_models_list_is_the_engines(gw):
+    response = await gw.client.get("/rollouts/r1/v1/models")
+
+    assert response.json() == {"object": "list", "data": [{"id": "tiny", "object": "model"}]}
+
+
+async def test_a_failing_admin_call_to_the_engines_is_a_502(gw):
+    async def failing(path: str, **_: object) -> None:
+        from gateway.backend import BackendFailure
+
+        raise BackendFailure("failed", f"{path} failed on http://fake-engine: HTTP 500")
+
+    gw.engine.call_all = failing  # type: ignore[method-assign]
+
+    response = await gw.client.post("/admin/resume")
+
+    assert_openai_error(response, 502, "backend_error")
+    assert response.json()["error"]["message"] == "/resume failed on http://fake-engine: HTTP 500"

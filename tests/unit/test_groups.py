@@ -1,0 +1,327 @@
+"""Pure GRPO group logic of trainer_client.groups: skip reasons, masking, dropped groups and advantages."""
+
+from __future__ import annotations
+
+from trainer_client.groups import RolloutInfo, SampleOptions, Selection, classify
+
+
+def rollout(
+    rollout_id: str,
+    group_id: str = "g",
+    *,
+    status: str = "completed",
+    reward: float | None = 1.0,
+    turns: int = 1,
+    bad_turns: int = 0,
+    versions: list[str] | None = None,
+) -> RolloutInfo:
+    return RolloutInfo(
+        rollout_id,
+        group_id,
+        status,
+        reward,
+        None,
+        turns=turns,
+        bad_turns=bad_turns,
+        versions=list(versions) if versions is not None else ["0"],
+    )
+
+
+def reasons(selection: Selection) -> dict[str, str | None]:
+    return {r.rollout_id: r.skip_reason for r in selection.skipped}
+
+
+def advantages(selection: Selection) -> dict[str, float]:
+    return {r.rollout_id: r.advantage for r in selection.rollouts}
+
+
+# --- skip reasons -------------------------------------------------------------------------------------------
+
+
+def test_completed_and_truncated_rollouts_with_a_reward_are_trainable() -> None:
+    infos = [rollout("a", status="completed", reward=0.0), rollout("b", status="truncated", reward=1.0)]
+    selection = classify(infos, SampleOptions())
+    assert [r.rollout_id for r in selection.rollouts] == ["a", "b"]
+    assert selection.skipped == []
+    assert [(r.skip_reason, r.masked) for r in infos] == [(None, False), (None, False)]
+
+
+def test_running_rollout_is_skipped_as_late() -> None:
+    infos = [rollout("a"), rollout("b", status="running", reward=None, turns=0)]
+    selection = classify(infos, SampleOptions(group_timeout=10.0))
+    assert reasons(selection) == {"b": "late"}
+    assert [r.rollout_id for r in selection.rollouts] == ["a"]
+
+
+def test_failed_and_aborted_rollouts_are_skipped_as_failed_even_with_a_reward() -> None:
+    infos = [
+        rollout("ok"),
+        rollout("f", status="failed", reward=1.0),
+        rollout("x", status="aborted", reward=1.0),
+    ]
+    selection = classify(infos, SampleOptions())
+    assert reasons(selection) == {"f": "failed", "x": "failed"}
+    assert [r.rollout_id for r in selection.rollouts] == ["ok"]
+
+
+def test_rollout_without_a_reward_is_skipped_as_no_reward() -> None:
+    selection = classify([rollout("a"), rollout("b", reward=None)], SampleOptions())
+    assert reasons(selection) == {"b": "no_reward"}
+
+
+def test_zero_reward_is_a_reward_not_a_missing_one() -> None:
+    selection = classify([rollout("a", reward=0.0)], SampleOptions())
+    assert selection.skipped == []
+    assert advantages(selection) == {"a": 0.0}
+
+
+def test_rollout_without_turns_is_skipped_as_no_turns() -> None:
+    selection = classify([rollout("a"), rollout("b", turns=0, versions=[])], SampleOptions())
+    assert reasons(selection) == {"b": "no_turns"}
+
+
+def test_rollout_with_unretried_bad_turns_is_skipped_as_error_turns_by_default() -> None:
+    infos = [rollout("a"), rollout("b", turns=3, bad_turns=1)]
+    selection = classify(infos, SampleOptions())
+    assert reasons(selection) == {"b": "error_turns"}
+    assert infos[1].masked is False
+
+
+def test_include_errors_keeps_a_rollout_with_bad_turns_masked() -> None:
+    infos = [rollout("a", reward=1.0), rollout("b", reward=0.0, turns=3, bad_turns=2)]
+    selection = classify(infos, SampleOptions(include_errors=True))
+    assert selection.skipped == []
+    assert [(r.rollout_id, r.masked) for r in selection.rollouts] == [("a", False), ("b", True)]
+
+
+def test_bad_turn_count_of_zero_means_refused_or_retried_turns_do_not_spoil_a_rollout() -> None:
+    # load_rollouts (SQL, covered by the real-engine suite) leaves refused and retried turns out of bad_turns.
+    info = rollout("a", turns=4, bad_turns=0)
+    selection = classify([info], SampleOptions())
+    assert (info.skip_reason, info.masked) == (None, False)
+    assert selection.rollouts == [info]
+
+
+def test_skip_reasons_take_precedence_late_failed_no_reward_no_turns_error_turns_stale() -> None:
+    options = SampleOptions(current_version=10, max_staleness=1)
+    infos = [
+        rollout("late", status="running", reward=None, turns=0, bad_turns=1, versions=["0"]),
+        rollout("failed", status="failed", reward=None, turns=0, bad_turns=1, versions=["0"]),
+        rollout("no_reward", reward=None, turns=0, bad_turns=1, versions=["0"]),
+        rollout("no_turns", turns=0, bad_turns=1, versions=["0"]),
+        rollout("error_turns", bad_turns=1, versions=["0"]),
+        rollout("stale", versions=["0"]),
+    ]
+    selection = classify(infos, options)
+    assert reasons(selection) == {
+        "late": "late",
+        "failed": "failed",
+        "no_reward": "no_reward",
+        "no_turns": "no_turns",
+        "error_turns": "error_turns",
+        "stale": "stale",
+    }
+
+
+def test_include_errors_lets_staleness_decide_a_stale_rollout_with_bad_turns() -> None:
+    info = rollout("a", bad_turns=1, versions=["0"])
+    classify([info], SampleOptions(include_errors=True, current_version=5, max_staleness=2))
+    assert (info.skip_reason, info.masked) == ("stale", False)
+
+
+# --- staleness ----------------------------------------------------------------------------------------------
+
+
+def test_rollout_more_than_max_staleness_versions_behind_is_stale() -> None:
+    infos = [rollout("v2", versions=["2"]), rollout("v3", versions=["3"]), rollout("v5", versions=["5"])]
+    selection = classify(infos, SampleOptions(current_version=5, max_staleness=2))
+    assert reasons(selection) == {"v2": "stale"}
+    assert [r.rollout_id for r in selection.rollouts] == ["v3", "v5"]
+
+
+def test_staleness_is_measured_from_the_oldest_turn_version() -> None:
+    info = rollout("a", turns=3, versions=["5", "2", "4"])
+    assert info.oldest_version == 2
+    classify([info], SampleOptions(current_version=5, max_staleness=2))
+    assert info.skip_reason == "stale"
+
+
+def test_staleness_needs_both_current_version_and_max_staleness() -> None:
+    only_current = rollout("a", versions=["0"])
+    only_max = rollout("b", versions=["0"])
+    classify([only_current], SampleOptions(current_version=100))
+    classify([only_max], SampleOptions(max_staleness=0))
+    assert (only_current.skip_reason, only_max.skip_reason) == (None, None)
+
+
+def test_max_staleness_zero_serves_only_the_current_version() -> None:
+    infos = [rollout("old", versions=["6"]), rollout("now", versions=["7"])]
+    selection = classify(infos, SampleOptions(current_version=7, max_staleness=0))
+    assert reasons(selection) == {"old": "stale"}
+
+
+def test_rollout_from_a_newer_version_than_current_is_not_stale() -> None:
+    info = rollout("a", versions=["9"])
+    classify([info], SampleOptions(current_version=3, max_staleness=0))
+    assert info.skip_reason is None
+
+
+def test_oldest_version_ignores_non_numeric_and_missing_versions_and_reads_negatives() -> None:
+    assert rollout("a", versions=["v1", "7", None, "3"]).oldest_version == 3  # type: ignore[list-item]
+    assert rollout("b", versions=["-2", "1"]).oldest_version == -2
+    assert rollout("c", versions=["step-1", "latest"]).oldest_version is None
+    assert rollout("d", versions=[]).oldest_version is None
+
+
+def test_rollout_with_only_non_numeric_versions_is_never_stale() -> None:
+    info = rollout("a", versions=["ckpt-a"])
+    classify([info], SampleOptions(current_version=100, max_staleness=0))
+    assert info.skip_reason is None
+
+
+# --- groups and counts --------------------------------------------------------------------------------------
+
+
+def test_group_with_no_trainable_rollout_is_dropped_not_served_empty() -> None:
+    infos = [rollout("a", "dead", reward=None), rollout("b", "dead", status="failed"), rollout("c", "live")]
+    selection = classify(infos, SampleOptions())
+    assert list(selection.served) == ["live"]
+    assert selection.dropped_groups == ["dead"]
+    assert reasons(selection) == {"a": "no_reward", "b": "failed"}
+
+
+def test_groups_are_served_in_order_of_first_appearance() -> None:
+    infos = [rollout("b1", "b"), rollout("a1", "a"), rollout("b2", "b")]
+    selection = classify(infos, SampleOptions())
+    assert {g: [r.rollout_id for r in members] for g, members in selection.served.items()} == {
+        "b": ["b1", "b2"],
+        "a": ["a1"],
+    }
+    assert [r.rollout_id for r in selection.rollouts] == ["b1", "b2", "a1"]
+
+
+def test_counts_report_groups_rollouts_masked_dropped_and_skips_by_sorted_reason() -> None:
+    infos = [
+        rollout("a", "g1", versions=["4"]),
+        rollout("b", "g1", bad_turns=1, versions=["3", "4"]),
+        rollout("c", "g1", status="aborted"),
+        rollout("d", "g2", reward=None),
+        rollout("e", "g2", versions=["0"]),
+        rollout("f", "g3", reward=None),
+    ]
+    selection = classify(infos, SampleOptions(include_errors=True, current_version=4, max_staleness=1))
+    counts = selection.counts()
+    assert counts == {
+        "groups": 1,
+        "rollouts": 2,
+        "masked_rollouts": 1,
+        "dropped_groups": 2,
+        "skipped_failed": 1,
+        "skipped_no_reward": 2,
+        "skipped_stale": 1,
+    }
+    assert list(counts)[4:] == ["skipped_failed", "skipped_no_reward", "skipped_stale"]
+
+
+def test_empty_selection_counts_are_zero() -> None:
+    selection = classify([], SampleOptions())
+    assert selection.counts() == {"groups": 0, "rollouts": 0, "masked_rollouts": 0, "dropped_groups": 0}
+    assert selection.rollouts == []
+
+
+def test_classify_recomputes_skip_reason_and_mask_each_call() -> None:
+    info = rollout("a", bad_turns=1)
+    classify([info], SampleOptions())
+    assert (info.skip_reason, info.masked) == ("error_turns", False)
+    classify([info], SampleOptions(include_errors=True))
+    assert (info.skip_reason, info.masked) == (None, True)
+
+
+# --- advantages ---------------------------------------------------------------------------------------------
+
+
+def test_advantages_are_reward_minus_mean_over_population_std_plus_epsilon() -> None:
+    infos = [rollout("a", reward=1.0), rollout("b", reward=0.0)]
+    classify(infos, SampleOptions())
+    assert [r.advantage for r in infos] == [0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6)]
+
+
+def test_advantages_with_zero_epsilon_are_exact_z_scores() -> None:
+    infos = [
+        rollout(name, reward=reward) for name, reward in [("a", 0.0), ("b", 0.0), ("c", 4.0), ("d", 4.0)]
+    ]
+    classify(infos, SampleOptions(epsilon=0.0))
+    assert [r.advantage for r in infos] == [-1.0, -1.0, 1.0, 1.0]
+
+
+def test_custom_epsilon_is_added_to_the_std() -> None:
+    infos = [rollout("a", reward=3.0), rollout("b", reward=1.0)]
+    classify(infos, SampleOptions(epsilon=1.0))
+    assert [r.advantage for r in infos] == [0.5, -0.5]
+
+
+def test_normalize_std_false_gives_mean_centred_advantages() -> None:
+    infos = [rollout("a", reward=1.0), rollout("b", reward=2.0), rollout("c", reward=6.0)]
+    classify(infos, SampleOptions(normalize_std=False))
+    assert [r.advantage for r in infos] == [-2.0, -1.0, 3.0]
+
+
+def test_group_whose_rewards_are_all_equal_has_zero_advantages() -> None:
+    infos = [rollout(name, reward=0.5) for name in "abc"]
+    selection = classify(infos, SampleOptions())
+    assert advantages(selection) == {"a": 0.0, "b": 0.0, "c": 0.0}
+    assert list(selection.served) == ["g"]
+
+
+def test_equal_rewards_with_a_float_rounding_mean_give_advantages_only_within_epsilon_noise_of_zero() -> None:
+    # mean([0.7] * 3) != 0.7 in float64: the centred rewards are ~1e-16, not 0, and the std is the same
+    # ~1e-16, so with the default epsilon the advantages are ~1e-10 (all of one sign), not exactly 0.
+    infos = [rollout(name, reward=0.7) for name in "abc"]
+    classify(infos, SampleOptions())
+    values = [r.advantage for r in infos]
+    assert values[0] == values[1] == values[2]
+    assert 0.0 < abs(values[0]) < 1e-9
+
+
+def test_single_rollout_group_has_zero_advantage() -> None:
+    info = rollout("a", reward=5.0)
+    classify([info], SampleOptions())
+    assert info.advantage == 0.0
+
+
+def test_advantages_are_computed_per_group() -> None:
+    infos = [
+        rollout("a1", "a", reward=0.0),
+        rollout("a2", "a", reward=2.0),
+        rollout("b1", "b", reward=10.0),
+        rollout("b2", "b", reward=30.0),
+    ]
+    selection = classify(infos, SampleOptions(normalize_std=False))
+    assert advantages(selection) == {"a1": -1.0, "a2": 1.0, "b1": -10.0, "b2": 10.0}
+
+
+def test_skipped_rollouts_do_not_count_in_group_statistics_and_keep_zero_advantage() -> None:
+    infos = [
+        rollout("a", reward=1.0),
+        rollout("b", reward=3.0),
+        rollout("failed", status="failed", reward=100.0),
+        rollout("stale", reward=-50.0, versions=["0"]),
+    ]
+    for info in infos[:3]:
+        info.versions = ["9"]
+    selection = classify(infos, SampleOptions(normalize_std=False, current_version=9, max_staleness=1))
+    assert advantages(selection) == {"a": -1.0, "b": 1.0}
+    assert [(r.rollout_id, r.advantage) for r in selection.skipped] == [("failed", 0.0), ("stale", 0.0)]
+
+
+def test_masked_rollouts_count_in_their_group_statistics() -> None:
+    infos = [rollout("a", reward=0.0), rollout("b", reward=4.0, bad_turns=1), rollout("c", reward=2.0)]
+    selection = classify(infos, SampleOptions(include_errors=True, normalize_std=False))
+    assert advantages(selection) == {"a": -2.0, "b": 2.0, "c": 0.0}
+    assert [r.masked for r in selection.rollouts] == [False, True, False]
+
+
+def test_advantages_are_python_floats() -> None:
+    infos = [rollout("a", reward=1.0), rollout("b", reward=0.0)]
+    classify(infos, SampleOptions())
+    assert [type(r.advantage) for r in infos] == [float, float]
