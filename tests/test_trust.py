@@ -229,6 +229,7 @@ def test_gateway_calls_its_backends_with_its_own_key_never_the_agents(inprocess,
     assert [t["status"] for t in stored_rollout(with_key, rollout_id)["turns"]] == ["ok"]
 
 
+@pytest.mark.engine  # starts `gateway serve` as a process
 @pytest.mark.parametrize("flag", ["--control-token", "--admin-token", "--backend-api-key"])
 def test_an_empty_token_is_refused_at_start_up(flag):
     result = subprocess.run(
