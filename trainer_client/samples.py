@@ -63,23 +63,18 @@ class StepSample:
 
     def to_json(self) -> dict[str, Any]:
         """A plain-JSON record (the `export --format jsonl` line)."""
-        return {
-            "rollout_id": self.rollout_id,
-            "group_id": self.group_id,
-            "step": self.step,
-            "turn_index": self.turn_index,
-            "is_last_step": self.is_last_step,
-            "prompt_ids": self.prompt_ids.tolist(),
-            "completion_ids": self.completion_ids.tolist(),
-            "loss_mask": self.loss_mask.tolist(),
-            "logprobs": self.logprobs.tolist(),
-            "reward": self.reward,
-            "reward_components": self.reward_components,
-            "advantage": self.advantage,
-            "policy_version": self.policy_version,
-            "finish_reason": self.finish_reason,
-            "masked": self.masked,
-        }
+        return _record(
+            self,
+            {
+                "step": self.step,
+                "turn_index": self.turn_index,
+                "is_last_step": self.is_last_step,
+                "prompt_ids": self.prompt_ids.tolist(),
+                "completion_ids": self.completion_ids.tolist(),
+                "loss_mask": self.loss_mask.tolist(),
+                "logprobs": self.logprobs.tolist(),
+            },
+        )
 
 
 @dataclass
@@ -103,21 +98,31 @@ class MergedSample:
     masked: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rollout_id": self.rollout_id,
-            "group_id": self.group_id,
-            "turn_indices": self.turn_indices,
-            "is_last_step": self.is_last_step,
-            "input_ids": self.input_ids.tolist(),
-            "loss_mask": self.loss_mask.tolist(),
-            "logprobs": self.token_logprobs.tolist(),
-            "reward": self.reward,
-            "reward_components": self.reward_components,
-            "advantage": self.advantage,
-            "policy_version": self.policy_version,
-            "finish_reason": self.finish_reason,
-            "masked": self.masked,
-        }
+        return _record(
+            self,
+            {
+                "turn_indices": self.turn_indices,
+                "is_last_step": self.is_last_step,
+                "input_ids": self.input_ids.tolist(),
+                "loss_mask": self.loss_mask.tolist(),
+                "logprobs": self.token_logprobs.tolist(),
+            },
+        )
+
+
+def _record(sample: StepSample | MergedSample, tokens: dict[str, Any]) -> dict[str, Any]:
+    """An export record: the rollout, the sample's tokens, then its outcome (the same columns for both)."""
+    return {
+        "rollout_id": sample.rollout_id,
+        "group_id": sample.group_id,
+        **tokens,
+        "reward": sample.reward,
+        "reward_components": sample.reward_components,
+        "advantage": sample.advantage,
+        "policy_version": sample.policy_version,
+        "finish_reason": sample.finish_reason,
+        "masked": sample.masked,
+    }
 
 
 def merge_steps(steps: list[StepSample]) -> list[MergedSample]:
