@@ -16,6 +16,10 @@ import aiohttp
 log = logging.getLogger(__name__)
 
 
+_UNWRITTEN = "Can not write request body"
+"""How aiohttp words a request whose body could not be sent: the server cannot have acted on it."""
+
+
 class BackendStreamError(Exception):
     """The backend's reply broke off while it was being read."""
 
@@ -107,12 +111,16 @@ class BackendPool:
         raise BackendFailure("unreachable", message) from last_error
 
     async def _post(self, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        """POST, once more if the server closed the connection before answering. The usual cause is a pooled
-        idle connection the server closed just as it was reused (the request never got through); a server
-        that really went away fails the second attempt too."""
+        """POST, once more if the server closed the connection before answering or before the body was
+        written. The usual cause is a pooled idle connection the server closed just as it was reused (the
+        request never got through); a server that really went away fails the second attempt too."""
         try:
             return await self._session.post(url, **kwargs)
         except aiohttp.ServerDisconnectedError:
+            return await self._session.post(url, **kwargs)
+        except aiohttp.ClientOSError as exc:
+            if not str(exc.strerror).startswith(_UNWRITTEN):
+                raise
             return await self._session.post(url, **kwargs)
 
     async def probe_scale_out(self, url: str) -> bool | None:

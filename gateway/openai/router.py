@@ -32,7 +32,15 @@ router = APIRouter(
     responses=error_responses(400, 401, 404, 409, 413, 422, 502, 503, 504),
 )
 _STREAM = {
-    "text/event-stream": {"schema": {"type": "string", "description": "Server-sent events, as vLLM sends"}}
+    "text/event-stream": {
+        "schema": {
+            "type": "object",
+            "description": "Each server-sent event as vLLM sends it: `data` holds a chunk as JSON, the "
+            "last one [DONE] (OpenAPI 3.1 describes an event stream by its events)",
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+            "required": ["data"],
+        }
+    }
 }
 
 
