@@ -1,4 +1,4 @@
-"""Helpers for tests: read what the database holds, ask vLLM for its own tokenization."""
+"""Helpers for tests: read what the database holds, ask vLLM for its own tokenization, check errors."""
 
 from __future__ import annotations
 
@@ -107,3 +107,14 @@ def admin(gateway, path: str, *, timeout: float = 60, **kwargs: Any) -> httpx.Re
     """A call to the gateway's admin API: GET /admin/state, POST the rest."""
     method = httpx.get if path == "/state" else httpx.post
     return method(f"{gateway.url}/admin{path}", timeout=timeout, **kwargs)
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """The OpenAI-format error of `response`, checked for its status, code and shape."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code
+    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    assert error["message"]
+    return error

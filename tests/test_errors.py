@@ -8,23 +8,13 @@ import pytest
 
 from gateway.demo.process import free_port
 
-from support import VLLM_HEADERS, stored_rollout
+from support import VLLM_HEADERS, assert_openai_error, stored_rollout
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 def post_chat(gateway, rollout_id: str, **kwargs) -> httpx.Response:
     return httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", timeout=60, **kwargs)
-
-
-def assert_openai_error(response: httpx.Response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == code
-    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
-    assert error["message"]
-    return error
 
 
 @pytest.mark.parametrize(

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
+
+from support import assert_openai_error
 
 pytestmark = pytest.mark.anyio
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-
-
-def assert_openai_error(response: httpx.Response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == code
-    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
-    assert error["message"]
-    return error
 
 
 @pytest.mark.parametrize(
