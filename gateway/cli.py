@@ -149,6 +149,9 @@ def _serve(settings: Settings) -> int:
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,
+        # Longer than clients keep idle connections (httpx and Node 5 s, aiohttp 15 s): with uvicorn's 5 s, a
+        # client reusing a connection just as the gateway closed it lost the request (a ReadError).
+        timeout_keep_alive=75,
     )
     return 0
 
