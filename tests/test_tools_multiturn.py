@@ -9,7 +9,15 @@ import sqlalchemy as sa
 
 from gateway.store.database import make_engine
 
-from support import LS_TMP_CALL, LS_TMP_REGEX, TOOLS, detokenize, stored_rollout, tokenize_chat
+from support import (
+    LS_TMP_CALL,
+    LS_TMP_REGEX,
+    TOOLS,
+    detokenize,
+    stored_rollout,
+    streamed_reply,
+    tokenize_chat,
+)
 
 FORCE_LS = {"structured_outputs": {"regex": LS_TMP_REGEX}}
 
@@ -78,16 +86,7 @@ def run_tool_agent(client: openai.OpenAI, turns: int, stream: bool) -> list[list
             "extra_body": FORCE_LS,
         }
         if stream:
-            calls: dict[int, dict] = {}
-            for chunk in client.chat.completions.create(**kwargs, stream=True):
-                for piece in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
-                    call = calls.setdefault(
-                        piece.index,
-                        {"id": piece.id, "type": "function", "function": {"name": "", "arguments": ""}},
-                    )
-                    call["function"]["name"] += piece.function.name or ""
-                    call["function"]["arguments"] += piece.function.arguments or ""
-            tool_calls = list(calls.values())
+            tool_calls = streamed_reply(client.chat.completions.create(**kwargs, stream=True))["tool_calls"]
         else:
             message = client.chat.completions.create(**kwargs).choices[0].message
             tool_calls = [c.model_dump() for c in message.tool_calls]

@@ -2,6 +2,9 @@
 
 Drift: a turn that extends an earlier one (`parent_turn`) drifts when its prompt does not reproduce that
 turn's exact prompt + completion ids (`drift_tokens > 0`): training on it would train on re-rendered tokens.
+Splices: per model, how exact mode built the prompts of turns extending an earlier one (spliced onto the
+parent's ids, re-rendered because the template moved earlier context, or a fallback), and why the rest did
+not splice.
 """
 
 from __future__ import annotations
@@ -49,6 +52,14 @@ QUERIES = {
         FROM turns t JOIN drift_by_policy_version d ON d.policy_version = t.policy_version
         GROUP BY t.policy_version, d.extending_turns, d.drifted_turns, d.drift_rate, d.forked_turns
         ORDER BY t.policy_version
+    """,
+    "splices": """
+        SELECT model, boundaries, spliced, re_rendered, fallbacks, splice_rate
+        FROM splice_by_model ORDER BY model
+    """,
+    "splice_outcomes": """
+        SELECT model, splice, turns FROM splice_outcomes WHERE splice <> 'exact'
+        ORDER BY model, turns DESC, splice
     """,
 }
 

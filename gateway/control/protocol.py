@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, model_validator
 from gateway.encoding import RequestModel
 from gateway.ids import ID_PATTERN
 from gateway.store.status import Mode
+from gateway.turns.sampling import Sampling
 
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
@@ -35,6 +36,9 @@ class CreateRolloutRequest(RequestModel):
     """Free labels; "eval" marks an evaluation rollout, never claimed for training."""
     limits: RolloutLimits | None = None
     """Override the gateway's default limits (--max-turns, --max-context-tokens) for this rollout."""
+    sampling: Sampling | None = None
+    """Sampling fields that replace the agent's own on every call of the rollout (over --sampling);
+    `max_tokens` caps what the agent asks."""
 
 
 class RolloutCreated(BaseModel):
@@ -45,10 +49,13 @@ class RolloutCreated(BaseModel):
     mode: str
     tags: list[str] | None
     limits: RolloutLimits | None
+    sampling: dict[str, Any] | None
     status: str
     created: bool
     base_url: str
     """What the agent's OPENAI_BASE_URL should be."""
+    anthropic_base_url: str
+    """What an Anthropic agent's ANTHROPIC_BASE_URL should be (its SDK appends /v1/messages)."""
     api_key: str | None
     """With --rollout-keys: the agent's key for this rollout (its OPENAI_API_KEY), shown once, at creation
     (201); a repeated creation (200) answers null. Without --rollout-keys: null."""
@@ -156,6 +163,8 @@ class RolloutView(BaseModel):
     mode: str | None
     tags: list[str] | None
     limits: RolloutLimits | None
+    sampling: dict[str, Any] | None
+    """Sampling fields imposed on the rollout's calls (the gateway's --sampling fills the others)."""
     end_reason: str | None
     """The limit that stopped the rollout's agent, if one did."""
     turns: list[TurnView]

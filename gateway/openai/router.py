@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Depends, Request
@@ -25,6 +26,8 @@ from gateway.turns.capture import ChatCapture, CompletionCapture, TurnCapture
 from gateway.turns.context import TurnContext
 from gateway.turns.forward import AgentCall, forward
 from gateway.turns.wire import OpenAIWire
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 router = APIRouter(
     prefix="/rollouts/{rollout_id}/v1",
@@ -60,12 +63,17 @@ async def read_call(request: Request, max_bytes: int, model: type[BaseModel]) ->
         raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
+    parsed = validated(model, body)
+    return AgentCall(body, parsed, hashlib.blake2b(raw, digest_size=16).hexdigest(), _attempt(request))
+
+
+def validated(model: type[ModelT], body: dict[str, Any]) -> ModelT:
+    """`body` read as `model`; a 422 naming the offending field otherwise."""
     try:
-        parsed = model.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
         message, param = validation_message(exc.errors())
         raise ApiError(422, message, "invalid_request", param) from None
-    return AgentCall(body, parsed, hashlib.blake2b(raw, digest_size=16).hexdigest(), _attempt(request))
 
 
 def _attempt(request: Request) -> int:

@@ -12,6 +12,12 @@ one sharing the most (the harness edited, summarised or truncated its history).
 origin's) prompt + completion; for a turn with a parent, `drift_tokens` is how many of the parent's exact ids
 the prompt does not reproduce (0: the turn extends its parent exactly, token for token).
 
+**Completions.** Each node knows where the model's own completions lie in its ids (`Span`s): its reply, and
+those of its prompt: given by exact mode's splice, else inherited from its reference turn as far as the
+prompt shares that turn's ids. Exact mode keeps them as sampled when it splices the next turn. A lineage read
+back from the database (after a restart, or once evicted from memory) knows only the inherited ones: the
+replies a re-rendered prompt put back are then compared as context.
+
 **Delta storage.** `place` gives the new turn's reference turn (parent, else fork origin) and its delta
 against it; `delta.rebuild` restores full prompts and messages. Storage grows linearly with a rollout's
 length, not with its square. This module is the writer's: readers need only `delta`.
@@ -27,8 +33,11 @@ from typing import Any, cast
 import numpy as np
 import orjson
 
-from gateway.store.delta import Messages, rebuild
+from gateway.store.delta import Messages, rebuild, reference_of
 from gateway.store.tokens import common_prefix_len, unpack_ids
+
+Span = tuple[int, int]
+"""[start, end) of a model completion within a turn's ids."""
 
 _RECENT_SEQUENCES = 2  # turns whose full ids stay in memory; older ones are read back on demand
 
@@ -75,6 +84,7 @@ class Node:
     messages: Messages | None
     sequence: np.ndarray | None  # prompt + completion ids; None once it is no longer recent
     finish_reason: str | None = None
+    completions: tuple[Span, ...] = ()
 
 
 @dataclass
@@ -97,12 +107,13 @@ class Lineage:
         sequence: np.ndarray | None,
         reply: dict[str, Any] | None,
         finish_reason: str | None = None,
+        completions: tuple[Span, ...] = (),
     ) -> None:
         """Register a committed turn; `reply` only for turns whose answer reached the agent whole."""
         self.last_index = max(self.last_index, index)
         if sequence is None or sequence.shape[0] == 0:
             return
-        self.nodes[index] = Node(index, messages, sequence, finish_reason)
+        self.nodes[index] = Node(index, messages, sequence, finish_reason, completions)
         for old in sorted(self.nodes)[:-_RECENT_SEQUENCES]:
             self.nodes[old].sequence = None
         if messages:
@@ -123,6 +134,18 @@ class Placement:
     prompt_suffix: np.ndarray
     prefix_messages: int
     new_messages: Messages | None
+    prompt_completions: tuple[Span, ...] = ()
+    """Where the model's earlier completions lie in the prompt."""
+
+
+def with_reply(prompt_completions: tuple[Span, ...], prompt_tokens: int, tokens: int) -> tuple[Span, ...]:
+    """The model's completions in a turn's whole ids: those of its prompt, then its own reply."""
+    return prompt_completions if tokens == prompt_tokens else (*prompt_completions, (prompt_tokens, tokens))
+
+
+def shared_completions(reference: Node | None, prefix_tokens: int) -> tuple[Span, ...]:
+    """The reference turn's completions that lie within the ids a new prompt shares with it."""
+    return tuple(s for s in (reference.completions if reference else ()) if s[1] <= prefix_tokens)
 
 
 def place(
@@ -132,17 +155,19 @@ def place(
     load: Callable[[int], Node],
     *,
     plain_prompt_ids: np.ndarray | None = None,
+    prompt_completions: tuple[Span, ...] | None = None,
 ) -> Placement:
     """Find the new turn's parent (or fork origin) and its delta against it.
 
     `load(index)` returns a node with its full sequence and messages, from the database if need be. In exact
     mode the prompt extends the parent by construction; `plain_prompt_ids` (the plain render of the same
-    messages) then measures the drift that splicing avoided.
+    messages) then measures the drift that splicing avoided, and `prompt_completions` (from the splice) says
+    where the model's earlier completions lie in the prompt.
     """
     parent, forked = find_parent(lineage, prompt_ids, messages, load)
     reference = parent if parent is not None else forked
     if reference is None or prompt_ids.shape[0] == 0:
-        return Placement(None, None, 0, None, prompt_ids, 0, messages)
+        return Placement(None, None, 0, None, prompt_ids, 0, messages, prompt_completions or ())
     node = _full(lineage, reference, load)
     assert node.sequence is not None
     prefix = common_prefix_len(prompt_ids, node.sequence)
@@ -152,7 +177,11 @@ def place(
         measured = prefix if plain_prompt_ids is None else common_prefix_len(plain_prompt_ids, node.sequence)
         drift = int(node.sequence.shape[0]) - measured
     new_messages = messages[shared:] if messages is not None else None
-    return Placement(parent, forked, prefix, drift, prompt_ids[prefix:], shared, new_messages)
+    if prompt_completions is None:
+        prompt_completions = shared_completions(node, prefix)
+    return Placement(
+        parent, forked, prefix, drift, prompt_ids[prefix:], shared, new_messages, prompt_completions
+    )
 
 
 def find_parent(
@@ -204,9 +233,15 @@ def lineage_of(rows: list[Mapping[str, Any]]) -> tuple[Lineage, dict[int, Node]]
     nodes: dict[int, Node] = {}
     for row in rows:
         index = row["turn_index"]
-        sequence = np.concatenate([full[index].prompt_ids, unpack_ids(row["completion_ids"])])
+        prompt = full[index].prompt_ids
+        sequence = np.concatenate([prompt, unpack_ids(row["completion_ids"])])
+        reference = reference_of(row)
+        shared = shared_completions(
+            nodes.get(reference) if reference is not None else None, row["prefix_tokens"]
+        )
+        completions = with_reply(shared, prompt.shape[0], sequence.shape[0])
         ok = row["status"] == "ok"
         reply = reply_message(row["content"], row["tool_calls"]) if ok else None
-        lineage.add(index, full[index].messages, sequence, reply, row["finish_reason"])
-        nodes[index] = Node(index, full[index].messages, sequence, row["finish_reason"])
+        lineage.add(index, full[index].messages, sequence, reply, row["finish_reason"], completions)
+        nodes[index] = Node(index, full[index].messages, sequence, row["finish_reason"], completions)
     return lineage, nodes

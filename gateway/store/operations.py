@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from gateway.store import reads, schema
 from gateway.store.caches import WriterCaches
-from gateway.store.lineage import Lineage, Node, find_parent, lineage_of, place, reply_message
+from gateway.store.lineage import Lineage, Node, find_parent, lineage_of, place, reply_message, with_reply
 from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
 from gateway.store.status import RolloutStatus, TurnStatus
 from gateway.store.tokens import pack_ids, pack_logprobs
@@ -35,7 +35,7 @@ class Operations:
     def create_rollout(self, conn: Connection, new: NewRollout) -> tuple[dict[str, Any], bool]:
         existing = reads.rollout_row(conn, new.rollout_id)
         if existing is not None:
-            for name in ("group_id", "task_id", "mode", "tags", "limits"):
+            for name in ("group_id", "task_id", "mode", "tags", "limits", "sampling"):
                 given = new.limits.to_json() if name == "limits" else getattr(new, name)
                 if given is not None and given != existing[name]:
                     raise StoreError(
@@ -61,11 +61,15 @@ class Operations:
             "eval": new.eval,
             "api_key_hash": new.api_key_hash,
             "limits": new.limits.to_json(),
+            "sampling": new.sampling,
             "end_reason": None,
         }
         conn.execute(_INSERT_ROLLOUT, row)
         self._caches.set_state(
-            new.rollout_id, RolloutState(RolloutStatus.RUNNING, new.mode, new.api_key_hash, new.limits)
+            new.rollout_id,
+            RolloutState(
+                RolloutStatus.RUNNING, new.mode, new.api_key_hash, new.limits, sampling=new.sampling
+            ),
         )
         self._caches.hold_lineage(new.rollout_id, Lineage())
         return row
@@ -88,6 +92,7 @@ class Operations:
             record.messages,
             lambda i: self._node(conn, record.rollout_id, i),
             plain_prompt_ids=record.plain_prompt_ids,
+            prompt_completions=record.prompt_completions,
         )
         conn.execute(
             _INSERT_TURN,
@@ -141,12 +146,14 @@ class Operations:
                 .where(schema.rollouts.c.rollout_id == record.rollout_id)
                 .values(end_reason=record.refused_by)
             )
+        sequence = np.concatenate([record.prompt_ids, record.completion_ids])
         lineage.add(
             index,
             record.messages,
-            np.concatenate([record.prompt_ids, record.completion_ids]),
+            sequence,
             reply_message(record.content, record.tool_calls) if ok else None,
             record.finish_reason,
+            with_reply(placement.prompt_completions, record.prompt_ids.shape[0], sequence.shape[0]),
         )
         return index
 

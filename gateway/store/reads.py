@@ -52,13 +52,14 @@ def rollout_state(conn: Connection, rollout_id: str) -> RolloutState | None:
         .scalar_subquery()
     )
     row = conn.execute(
-        select(r.c.status, r.c.mode, r.c.api_key_hash, r.c.limits, calls.label("calls")).where(
+        select(r.c.status, r.c.mode, r.c.api_key_hash, r.c.limits, r.c.sampling, calls.label("calls")).where(
             r.c.rollout_id == rollout_id
         )
     ).first()
     if row is None:
         return None
-    return RolloutState(row.status, row.mode, row.api_key_hash, Limits.from_json(row.limits), row.calls)
+    limits = Limits.from_json(row.limits)
+    return RolloutState(row.status, row.mode, row.api_key_hash, limits, row.calls, row.sampling)
 
 
 def rollout_row(conn: Connection, rollout_id: str) -> dict[str, Any] | None:
@@ -124,6 +125,7 @@ def get_rollout(
         "mode": row["mode"],
         "tags": row["tags"],
         "limits": row["limits"],
+        "sampling": row["sampling"],
         "end_reason": row["end_reason"],
         "turns": turns,
     }

@@ -53,6 +53,8 @@ class TurnRecord:
     """Exact mode: vLLM's spans of output tokens per weight version."""
     plain_prompt_ids: np.ndarray | None = None
     """Exact mode: the plain render of the messages, against which drift is measured."""
+    prompt_completions: tuple[tuple[int, int], ...] | None = None
+    """Exact mode: where the model's earlier completions lie in the prompt (from the splice)."""
     choice_index: int = 0
     request_hash: str | None = None
     attempt: int = 0
@@ -98,6 +100,7 @@ class NewRollout:
     tags: list[str] | None = None
     api_key_hash: str | None = None
     limits: Limits = field(default_factory=Limits)
+    sampling: dict[str, Any] | None = None
 
     @property
     def eval(self) -> bool:
@@ -114,6 +117,8 @@ class RolloutState:
     limits: Limits = Limits()
     calls: int = 0
     """Model calls answered so far (turns with status ok, one per call whatever its number of choices)."""
+    sampling: dict[str, Any] | None = None
+    """Sampling fields imposed on the rollout's calls (over the gateway's --sampling)."""
 
 
 @dataclass

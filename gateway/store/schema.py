@@ -87,6 +87,8 @@ rollouts = Table(
     Column("api_key_hash", String(64)),
     # {"max_turns", "max_context_tokens"} given at creation; null fields take the gateway's defaults.
     Column("limits", Json),
+    # Sampling fields imposed on every call of the rollout (trainer-controlled sampling); null: the gateway's.
+    Column("sampling", Json),
     # Why the gateway stopped serving the rollout's agent (a limit: max_turns, max_context_tokens).
     Column("end_reason", String(32)),
     Index("ix_rollouts_group_id", "group_id"),
@@ -134,8 +136,9 @@ turns = Table(
     Column("forked_from", Integer),
     Column("prefix_tokens", Integer, nullable=False),
     Column("drift_tokens", Integer),
-    # Exact mode: "exact" (spliced onto the parent's ids), "render" (no parent: the plain render), or
-    # "fallback: <why>" (the plain render, because this turn could not be spliced safely); null: passthrough.
+    # Exact mode: "exact" (spliced onto the parent's ids), "render" (no parent: the plain render),
+    # "re-rendered: ..." (the template changed earlier context: its render, with the model's replies as
+    # sampled), or "fallback: <why>" (the plain render: this turn could not be spliced); null: passthrough.
     Column("splice", String(128)),
     Column("prompt_ids", Blob, nullable=False),
     Column("completion_ids", Blob, nullable=False),

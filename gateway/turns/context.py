@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.admin.traffic import Traffic
 from gateway.backend import BackendPool
@@ -20,6 +21,8 @@ class TurnContext:
     """The gateway's --mode; a rollout can choose its own."""
     limits: Limits
     """The gateway's default limits; a rollout's own take precedence."""
+    sampling: dict[str, Any] | None
+    """The gateway's --sampling: fields imposed on every agent call; a rollout's own take precedence."""
     rollout_keys: bool
     require_registered: bool
     max_body_bytes: int

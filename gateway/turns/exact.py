@@ -39,14 +39,9 @@ async def prompt_for(ctx: TurnContext, capture: ChatCapture, body: dict[str, Any
     if parent is None or parent.sequence is None:
         record.splice = "render"
         return request
-    history = body["messages"][: len(parent.messages or []) + 1]
-    parent_render = await post_json(
-        ctx.backends, capture, {**render_body, "messages": history, "add_generation_prompt": False}, RENDER
-    )
-    spliced = splice(
-        parent.sequence, parent.finish_reason, np.asarray(parent_render["token_ids"], dtype=ID_DTYPE), plain
-    )
+    spliced = splice(parent.sequence, parent.completions, parent.finish_reason, plain)
     record.splice = spliced.how
+    record.prompt_completions = spliced.completions
     request["token_ids"] = spliced.prompt_ids.tolist()
     return request
 
@@ -109,6 +104,8 @@ async def forward_exact(
     payload = await post_json(ctx.backends, capture, derender, DERENDER)
     choice, sampled = payload["choices"][0], generated["choices"][0]
     _agent_reply(payload, body, sampled)
+    if (choice.get("message") or {}).get("tool_calls"):
+        await _parser_tool_call_ids(ctx, capture, derender, choice["message"]["tool_calls"])
     feed_reply(capture, payload)
     capture.prompt_ids = prompt
     first = capture.choice(0)
@@ -125,6 +122,37 @@ async def forward_exact(
     capture.strip(payload, asked)
     await ctx.recorder.commit(records)
     return wire.reply(payload)
+
+
+async def _parser_tool_call_ids(
+    ctx: TurnContext, capture: ChatCapture, derender: dict[str, Any], calls: list[dict[str, Any]]
+) -> None:
+    """Give the tool calls the ids vLLM's chat endpoint would: the parser's own (Mistral's are 9 characters,
+    which its templates require back), else `chatcmpl-tool-<random>`.
+
+    Whole-reply derender replaces the parser's ids by bare random ones; its streaming form keeps them, so the
+    whole reply is passed through it once as a single finished chunk. A parser that emits nothing from one
+    chunk leaves vLLM's default format.
+    """
+    chunk = {**derender["generate_response"], "choices": derender["generate_response"]["choices"][:1]}
+    streamed = await post_json(
+        ctx.backends,
+        capture,
+        {
+            "stream": True,
+            "generate_chunk": chunk,
+            "chat_request": derender["chat_request"],
+            "prompt_token_ids": derender["prompt_token_ids"],
+        },
+        DERENDER,
+    )
+    ids = {
+        call.get("index"): call.get("id")
+        for streamed_choice in streamed["chunk"].get("choices") or ()
+        for call in (streamed_choice.get("delta") or {}).get("tool_calls") or ()
+    }
+    for index, call in enumerate(calls):
+        call["id"] = ids.get(index) or f"chatcmpl-tool-{call['id']}"
 
 
 def feed_reply(capture: ChatCapture, reply: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from gateway.turns.capture import Asked, ChatCapture
 from gateway.turns.context import TurnContext
 from gateway.turns.exact import DERENDER, GENERATE, feed_reply, generate_body, prompt_for, without_end_token
 from gateway.turns.relay import StreamFailure, relay
-from gateway.turns.sse import sse_batches
+from gateway.turns.sse import sse_data
 from gateway.turns.upstream import post_json, send
 from gateway.turns.wire import Wire
 
@@ -42,15 +42,22 @@ async def _chunks(
     asked: Asked,
     wire: Wire,
 ) -> AsyncIterator[bytes]:
-    """The agent's chat chunks, each derendered from the generate events that arrived together."""
+    """The agent's chat chunks, one derender call per generate event.
+
+    vLLM's tool and reasoning parsers are built to see a reply one engine step at a time, and the end of a
+    reply as a call of its own with the finish flag (the final flush of a buffered tool call): merging events,
+    or leaving out the last one once its end token is trimmed, loses or delays tool calls. vLLM's streaming
+    derender replays the output before each call, so a reply of n tokens costs about n²/2 parser steps.
+    """
     record = capture.record
     capture.prompt_ids = prompt
     stream_state: Any = None
     first = True
     try:
-        async for event in _coalesced(reply):
-            if event is None:
+        async for data in sse_data(reply.chunks()):
+            if data == b"[DONE]":
                 return
+            event = orjson.loads(data)
             if "error" in event and "choices" not in event:
                 raise StreamFailure(str(event["error"]))
             if record.first_token_at is None:
@@ -66,7 +73,7 @@ async def _chunks(
                 ctx, capture, body, prompt, without_end_token(event), stream_state
             )
             if chunk is None:
-                chunk = _closing_chunk(event, capture, body)
+                continue
             feed_reply(capture, chunk)
             if asked.token_ids:
                 if first:
@@ -85,45 +92,6 @@ async def _chunks(
     raise StreamFailure("backend stream ended without [DONE]")
 
 
-async def _coalesced(reply: BackendReply) -> AsyncIterator[dict[str, Any] | None]:
-    """Generate events, those that arrived together merged into one (None marks [DONE]).
-
-    vLLM's streaming derender replays the whole output on every call; merging what piles up while a call is
-    under way keeps the number of calls, and so the cost of long replies, down.
-    """
-    async for batch in sse_batches(reply.chunks()):
-        tokens: list[dict[str, Any]] = []
-        for data in batch:
-            if data == b"[DONE]":
-                if tokens:
-                    yield _merge(tokens)
-                yield None
-                return
-            event = orjson.loads(data)
-            if event.get("choices"):
-                tokens.append(event)
-                continue
-            if tokens:
-                yield _merge(tokens)
-                tokens = []
-            yield event
-        if tokens:
-            yield _merge(tokens)
-
-
-def _merge(events: list[dict[str, Any]]) -> dict[str, Any]:
-    if len(events) == 1:
-        return events[0]
-    choices = [event["choices"][0] for event in events]
-    logprobs = [entry for c in choices for entry in (c.get("logprobs") or {}).get("content") or ()]
-    merged = {
-        **choices[-1],
-        "token_ids": [token for c in choices for token in c.get("token_ids") or ()],
-        "logprobs": {"content": logprobs} if logprobs else None,
-    }
-    return {**events[0], "choices": [merged]}
-
-
 async def _derender(
     ctx: TurnContext,
     capture: ChatCapture,
@@ -132,9 +100,9 @@ async def _derender(
     event: dict[str, Any],
     stream_state: Any,
 ) -> tuple[dict[str, Any] | None, Any]:
-    """One derender call; None for an event left without tokens (the final EOS alone)."""
+    """One derender call; None for an event with neither tokens nor a finish (nothing to say)."""
     choices = event.get("choices") or []
-    if choices and not choices[0].get("token_ids"):
+    if choices and not choices[0].get("token_ids") and choices[0].get("finish_reason") is None:
         return None, stream_state
     request = {
         "stream": True,
@@ -146,19 +114,3 @@ async def _derender(
     }
     answer = await post_json(ctx.backends, capture, request, DERENDER)
     return answer["chunk"], answer["stream_state"]
-
-
-def _closing_chunk(event: dict[str, Any], capture: ChatCapture, body: dict[str, Any]) -> dict[str, Any]:
-    choice = event["choices"][0]
-    finish = choice.get("finish_reason")
-    if finish == "stop" and capture.choice(0).tool_calls and not isinstance(body.get("tool_choice"), dict):
-        finish = "tool_calls"
-    return {
-        "id": event.get("request_id"),
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": body.get("model"),
-        "choices": [
-            {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish, "stop_reason": None}
-        ],
-    }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterable, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -27,6 +27,7 @@ from gateway.turns.context import TurnContext
 from gateway.turns.exact import forward_exact
 from gateway.turns.exact_stream import forward_exact_stream
 from gateway.turns.relay import StreamFailure, relay
+from gateway.turns.sampling import imposed, merged
 from gateway.turns.sse import sse_data
 from gateway.turns.upstream import read_json, send
 from gateway.turns.wire import Wire
@@ -40,6 +41,8 @@ class AgentCall:
     parsed: BaseModel
     request_hash: str
     attempt: int
+    dialect: str | None = None
+    """The wire format the agent spoke when it is not the engine's own (`messages`): the turn's endpoint."""
 
     @property
     def stream(self) -> bool:
@@ -57,7 +60,7 @@ def new_record(
     fields = capture_cls.request_fields(body)
     return TurnRecord(
         rollout_id=rollout_id,
-        endpoint=capture_cls.endpoint,
+        endpoint=call.dialect or capture_cls.endpoint,
         model=body.get("model"),
         stream=call.stream,
         policy_version=ctx.recorder.policy_version,
@@ -82,6 +85,8 @@ async def forward(
     await ctx.traffic.enter()
     ctx.recorder.in_flight(+1)
     streaming = False
+    sampling = merged(ctx.sampling, rollout.sampling if rollout is not None else None)
+    call = replace(call, body=imposed(call.body, sampling))
     try:
         capture = capture_cls(new_record(ctx, rollout_id, capture_cls, call))
         upstream, asked = capture.inject(call.body, call.parsed)

@@ -1,20 +1,28 @@
 """The splice rule of exact mode: the prompt of a turn that extends an earlier one.
 
-Given the parent's exact ids S (its prompt + completion, as the engine saw and sampled them), the plain render
-A of the parent's history + reply (no generation prompt), and the plain render B of the new request:
+**The rule.** The prompt of an extending turn holds the model's earlier completions as the exact ids it
+sampled, and is otherwise what the template renders now.
+
+Given the parent's exact ids S (its prompt + completion, as the engine saw and sampled them), where the
+model's completions lie in S, and the plain render B of the new request:
 
 1. The parent's reply must have ended with an end-of-turn token e = S[-1] (`finish_reason` stop or
    tool_calls); a reply cut by `max_tokens` has no closing the model produced, so it is not spliced.
-2. The template's closing C is what A renders after its last e (for ChatML, the newline after `<|im_end|>`):
-   tokens the template adds and the model never generated. They are the environment's (loss mask 0).
-3. If A holds e k times, the reply ends at B's k-th e. B must show the same closing C there; what follows is
-   the rendering of the new messages (tool results, user turns, the generation prompt), N.
-4. The prompt is S + C + N: the parent's exact ids, untouched, whatever the template does to earlier turns
-   (stripping `<think>` blocks, re-tokenizing tool calls).
+2. S and B are cut into turns after each e. S holds e k times; B must hold it at least k times, its k-th e
+   closing the parent's reply. What B renders after it (the closing the template adds, tool results, user
+   turns, the generation prompt) is new: N.
+3. Each of S's k turns is compared with B's: outside the model's completions they must be equal; a
+   completion may be rendered differently (templates strip `<think>` blocks, re-serialize tool calls) and
+   keeps its exact ids. When all agree the prompt is S + N: the parent's ids, untouched ("exact").
+4. Where a template renders content outside the completions differently now (it moves the tool list and
+   system prompt to the latest user message, or rewrites an earlier message), the two halves of the rule
+   conflict. The policy: the template wins outside the completions, the completions keep their ids. The
+   prompt is B with each earlier completion put back as sampled (found after the template's own text
+   before it), no longer an extension of the parent; the turn records `RE_RENDERED`.
 
-The rule needs no per-model table: it only assumes that the template closes every message with the same
-end-of-turn token the model emits, and renders one closing per message. Where that does not hold, the turn
-falls back to the plain render B and says why.
+The rule needs no per-model table: it only assumes that the model ends a reply with the end-of-turn token
+the template closes messages with. Where that does not hold, the turn falls back to the plain render B and
+says why.
 """
 
 from __future__ import annotations
@@ -23,31 +31,77 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gateway.store.lineage import Span
+
 END_OF_TURN_REASONS = ("stop", "tool_calls")
+RE_RENDERED = (
+    "re-rendered: the template changed the context of earlier turns; the model's replies kept as sampled"
+)
 
 
 @dataclass(frozen=True)
 class Spliced:
     prompt_ids: np.ndarray
     how: str
-    """"exact", or "fallback: <why>" (the plain render was used)."""
+    """"exact", `RE_RENDERED`, or "fallback: <why>" (the plain render was used)."""
+    completions: tuple[Span, ...] | None
+    """Where the model's earlier completions lie in the prompt, as [start, end) spans (None for the plain
+    render: as far as it shares the parent's ids)."""
 
 
 def splice(
-    parent_ids: np.ndarray, finish_reason: str | None, parent_render: np.ndarray, plain: np.ndarray
+    parent_ids: np.ndarray, completions: tuple[Span, ...], finish_reason: str | None, plain: np.ndarray
 ) -> Spliced:
+    """The prompt of a turn extending a parent whose exact ids are `parent_ids`, with the model's completions
+    at `completions` (the parent's own reply last)."""
     if finish_reason not in END_OF_TURN_REASONS or parent_ids.shape[0] == 0:
-        return Spliced(plain, f"fallback: parent reply ended with finish_reason={finish_reason}")
+        return Spliced(plain, f"fallback: parent reply ended with finish_reason={finish_reason}", None)
     end = parent_ids[-1]
-    in_parent = np.flatnonzero(parent_render == end)
-    if in_parent.shape[0] == 0:
-        return Spliced(plain, f"fallback: the template does not render the end-of-turn token {int(end)}")
-    closing = parent_render[in_parent[-1] + 1 :]
-    in_plain = np.flatnonzero(plain == end)
-    if in_plain.shape[0] < in_parent.shape[0]:
-        return Spliced(plain, "fallback: the new render closes fewer messages than the parent's history has")
-    start = in_plain[in_parent.shape[0] - 1] + 1
-    if not np.array_equal(plain[start : start + closing.shape[0]], closing):
-        return Spliced(plain, "fallback: the new render closes the parent's reply differently")
-    new = plain[start + closing.shape[0] :]
-    return Spliced(np.concatenate([parent_ids, closing, new]).astype(parent_ids.dtype), "exact")
+    closes = np.flatnonzero(parent_ids == end) + 1
+    k = closes.shape[0]
+    new_closes = np.flatnonzero(plain == end) + 1
+    if new_closes.shape[0] < k:
+        return Spliced(plain, "fallback: the new render closes fewer turns than the parent's ids hold", None)
+    starts = {span[1]: span[0] for span in completions}
+    opens = np.concatenate([[0], closes[:-1]])
+    new_opens = np.concatenate([[0], new_closes[: k - 1]])
+    pieces: list[np.ndarray] = []
+    spans: list[Span] = []
+    changed = False
+    length = 0
+    for lo, hi, new_lo, new_hi in zip(opens, closes, new_opens, new_closes[:k], strict=True):
+        ours, theirs = parent_ids[lo:hi], plain[new_lo:new_hi]
+        start = starts.get(int(hi), -1)
+        if start < lo:  # no completion ends this turn: it must render as it did
+            piece = ours if np.array_equal(ours, theirs) else theirs
+        else:  # the template's text before the completion must render as it did; the completion is kept
+            context = parent_ids[lo:start]
+            at = context.shape[0] if np.array_equal(theirs[: context.shape[0]], context) else None
+            if at is None:
+                at = _after_context(theirs, context)
+                if at is None:
+                    return Spliced(
+                        plain, "fallback: the new render has no place for the model's earlier reply", None
+                    )
+            piece = np.concatenate([theirs[:at], parent_ids[start:hi]])
+            spans.append((length + at, length + piece.shape[0]))
+        changed = changed or not np.array_equal(piece, ours)
+        pieces.append(piece)
+        length += piece.shape[0]
+    pieces.append(plain[new_closes[k - 1] :])
+    prompt = np.concatenate(pieces).astype(parent_ids.dtype)
+    return Spliced(prompt, RE_RENDERED if changed else "exact", tuple(spans))
+
+
+def _after_context(turn: np.ndarray, context: np.ndarray) -> int | None:
+    """Where a completion starts in a newly rendered turn: right after the longest tail of what the template
+    put before it in the parent's ids (its assistant header, say), at its first occurrence."""
+    ends = np.flatnonzero(turn == context[-1]) + 1
+    size = 1
+    while ends.shape[0] and size < context.shape[0]:
+        longer = ends[ends > size]
+        longer = longer[turn[longer - size - 1] == context[-size - 1]]
+        if not longer.shape[0]:
+            break
+        ends, size = longer, size + 1
+    return int(ends[0]) if ends.shape[0] else None

@@ -24,6 +24,7 @@ from gateway.store.store import Store
 class InProcess:
     client: httpx.AsyncClient
     engine: FakeEngine
+    app: Any
 
     async def rollout(self, rollout_id: str, **params: Any) -> dict[str, Any]:
         """The rollout as the control API shows it, token arrays included."""
@@ -70,7 +71,7 @@ async def start(tmp_path: Path, empty_store: Path) -> AsyncIterator[Callable[...
             client = await stack.enter_async_context(
                 httpx.AsyncClient(transport=transport, base_url="http://gateway")
             )
-            return InProcess(client, engine)
+            return InProcess(client, engine, app)
 
         yield started
 

@@ -19,6 +19,7 @@ from gateway.store.lineage import (
     lineage_of,
     place,
     reply_message,
+    with_reply,
 )
 from gateway.store.tokens import (
     ID_DTYPE,
@@ -351,7 +352,9 @@ class Rollout:
             }
         )
         reply = reply_message(content, tool_calls) if status == "ok" else None
-        self.lineage.add(index, messages, np.concatenate([prompt, completion]), reply, finish_reason)
+        sequence = np.concatenate([prompt, completion])
+        completions = with_reply(placement.prompt_completions, prompt.shape[0], sequence.shape[0])
+        self.lineage.add(index, messages, sequence, reply, finish_reason, completions)
         return placement
 
 
@@ -442,6 +445,38 @@ def test_lineage_rebuilt_from_rows_holds_every_turns_full_sequence():
     assert (nodes[2].messages, nodes[0].finish_reason) == (MESSAGES_2, "tool_calls")
     assert lineage.last_index == 4
     assert [i for i, n in sorted(lineage.nodes.items()) if n.sequence is not None] == [3, 4]
+
+
+# Where the model's replies lie in each turn's ids: its own, and those of its reference the prompt shares.
+FIVE_TURNS_COMPLETIONS = [
+    ((10, 14),),
+    ((10, 14), (21, 24)),
+    ((10, 14), (31, 33)),  # its prompt re-tokenizes turn 1's reply: only turn 0's is shared
+    ((10, 12),),  # forked after 6 ids: no earlier reply shared
+    ((10, 14), (21, 23)),
+]
+
+
+def test_each_turn_knows_where_the_models_replies_lie_in_its_ids():
+    rollout, _ = five_turns()
+    live = [rollout.lineage.nodes[i].completions for i in range(5)]
+    assert live == FIVE_TURNS_COMPLETIONS
+
+
+def test_replies_rebuilt_from_rows_lie_where_the_live_lineage_put_them():
+    rollout, _ = five_turns()
+    _, nodes = lineage_of(rollout.rows)
+    assert [nodes[i].completions for i in range(5)] == FIVE_TURNS_COMPLETIONS
+
+
+def test_replies_placed_by_the_splice_override_what_the_prompt_shares():
+    prompt = np.concatenate([SEQUENCE_0, TOOL_TURN])
+    placement = place(
+        lineage_after_turn_0(), prompt, [SYSTEM, USER, REPLY_0, TOOL], no_load, prompt_completions=((3, 5),)
+    )
+    assert placement.prompt_completions == ((3, 5),)
+    assert with_reply(placement.prompt_completions, 21, 24) == ((3, 5), (21, 24))
+    assert with_reply(placement.prompt_completions, 21, 21) == ((3, 5),)
 
 
 def test_lineage_rebuilt_from_rows_places_the_next_turn_as_the_live_one_does():

