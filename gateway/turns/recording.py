@@ -38,7 +38,8 @@ class Recorder:
     async def commit(self, records: list[TurnRecord]) -> None:
         """Commit a call's answered turns (one per choice) together, before the agent gets the reply."""
         for record in records:
-            record.policy_version_end = self.policy_version
+            if record.policy_version_end is None:  # a whole reply ends as it commits
+                record.policy_version_end = self.policy_version
         try:
             await self._store.writer.insert_turns(records)
         except StoreError:

@@ -26,8 +26,12 @@ class StreamFailure(Exception):
 async def relay(
     recorder: Recorder, capture: TurnCapture, reply: BackendReply, chunks: AsyncIterator[bytes], wire: Wire
 ) -> AsyncIterator[bytes]:
+    version = recorder.policy_version
     try:
         async for chunk in chunks:
+            # The version in effect when the engine's last output arrived, not when the turn commits: a turn
+            # vLLM aborted for a weight update ended under the old weights, however late it is recorded.
+            version = recorder.policy_version
             yield chunk
     except (asyncio.CancelledError, GeneratorExit):
         recorder.cancelled(capture)
@@ -42,6 +46,7 @@ async def relay(
     for record in records:
         record.finished_at = time.time()
         record.http_status = 200
+        record.policy_version_end = version
     try:
         await recorder.commit(records)
     except (ApiError, StoreError) as exc:
