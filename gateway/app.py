@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from gateway import __version__
 from gateway.admin.router import router as admin_router
 from gateway.admin.traffic import Traffic
+from gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
 from gateway.anthropic.router import router as anthropic_router
 from gateway.backend import BackendPool
 from gateway.control.router import health_router
@@ -21,6 +22,8 @@ from gateway.metrics import Metrics
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.router import router as openai_router
 from gateway.openapi import install_openapi
+from gateway.responses.protocol import ResponsesRequest
+from gateway.responses.router import router as responses_router
 from gateway.settings import Settings
 from gateway.state import GatewayState
 from gateway.store.database import display_url, ensure_schema
@@ -82,10 +85,14 @@ def create_app(
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(anthropic_router)
+    app.include_router(responses_router)
     app.include_router(control_router)
     app.include_router(health_router)
     app.include_router(admin_router)
-    install_openapi(app, [ChatCompletionRequest, CompletionRequest])
+    install_openapi(
+        app,
+        [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest, ResponsesRequest],
+    )
     return app
 
 

@@ -4,6 +4,8 @@ the one place where failures of the store and of the backends become HTTP status
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -155,15 +157,24 @@ def validation_message(errors: list) -> tuple[str, str | None]:  # type: ignore[
     """A one-line summary of pydantic errors, and the first offending parameter."""
     parts = []
     for error in errors[:5]:
-        location = ".".join(str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path"))
-        parts.append(f"{location or 'body'}: {error.get('msg')}")
-    first = errors[0].get("loc", ()) if errors else ()
-    param = ".".join(str(p) for p in first if p not in ("body", "query", "path")) or None
-    return "; ".join(parts), param
+        parts.append(f"{_location(error.get('loc', ())) or 'body'}: {error.get('msg')}")
+    return "; ".join(parts), (_location(errors[0].get("loc", ())) if errors else None) or None
+
+
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|.*\[.*\])$")
+"""What pydantic puts in an error's location to say which member of a union it tried (`str`, `list[...]`):
+not a parameter name."""
+
+
+def _location(loc: Iterable[Any]) -> str:
+    return ".".join(
+        str(p) for p in loc if p not in ("body", "query", "path") and not _UNION_MEMBER.match(str(p))
+    )
 
 
 _ROUTES_HELP = (
-    "agent API under /rollouts/{rollout_id}/v1: POST chat/completions, POST completions, GET models; "
+    "agent API under /rollouts/{rollout_id}/v1: POST chat/completions, POST completions, POST messages, "
+    "POST messages/count_tokens, POST responses, GET responses/{id}, GET models; "
     "control API: POST /rollouts, POST /rollouts/{id}/reward, POST /rollouts/{id}/finish, "
     "GET /rollouts/{id}; "
     "admin API: /admin/pause, /admin/resume, /admin/policy_version, /admin/reload_weights, GET /admin/state; "

@@ -121,6 +121,8 @@ class TurnView(BaseModel):
     reasoning: str | None
     tool_calls: list[dict[str, Any]] | None
     finish_reason: str | None
+    response_id: str | None
+    """Responses: the id the agent continues from (`previous_response_id`) or fetches."""
     choice_index: int
     attempt: int
     retry_of: int | None
@@ -143,6 +145,9 @@ class TurnView(BaseModel):
     prompt_text: str | None = None
     tools: list[Any] | None = None
     params: dict[str, Any] | None = None
+    """The request fields sent to the engine (after the rollout's sampling)."""
+    request: dict[str, Any] | None = None
+    """The agent's own request when it spoke Messages or Responses, without its conversation."""
 
 
 class RolloutView(BaseModel):

@@ -118,6 +118,8 @@ class Operations:
                 "reasoning": record.reasoning,
                 "tool_calls": record.tool_calls,
                 "finish_reason": record.finish_reason,
+                "request": record.request,
+                "response_id": record.response_id,
                 "choice_index": record.choice_index,
                 "request_hash": record.request_hash,
                 "attempt": record.attempt,

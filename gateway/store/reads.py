@@ -28,6 +28,7 @@ _TURN_FIELDS = (
     "reasoning",
     "tool_calls",
     "finish_reason",
+    "response_id",
     "choice_index",
     "attempt",
     "retry_of",
@@ -60,6 +61,28 @@ def rollout_state(conn: Connection, rollout_id: str) -> RolloutState | None:
         return None
     limits = Limits.from_json(row.limits)
     return RolloutState(row.status, row.mode, row.api_key_hash, limits, row.calls, row.sampling)
+
+
+def response_turn(conn: Connection, rollout_id: str, response_id: str) -> dict[str, Any] | None:
+    """The turn a Responses agent refers to by its response's id, with its full chat messages."""
+    t = schema.turns
+    found = conn.execute(
+        select(t.c.turn_index).where(t.c.rollout_id == rollout_id, t.c.response_id == response_id)
+    ).first()
+    if found is None:
+        return None
+    rows = (
+        conn.execute(
+            select(t)
+            .where(t.c.rollout_id == rollout_id, t.c.turn_index <= found.turn_index)
+            .order_by(t.c.turn_index)
+        )
+        .mappings()
+        .all()
+    )
+    turn = dict(rows[-1])
+    turn["messages"] = rebuild(rows)[found.turn_index].messages
+    return turn
 
 
 def rollout_row(conn: Connection, rollout_id: str) -> dict[str, Any] | None:
@@ -103,6 +126,7 @@ def get_rollout(
             item["prompt_text"] = turn["prompt_text"]
             item["tools"] = turn["tools"]
             item["params"] = turn["params"]
+            item["request"] = turn["request"]
         turns.append(item)
     return {
         "rollout_id": row["rollout_id"],

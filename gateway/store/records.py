@@ -55,6 +55,10 @@ class TurnRecord:
     """Exact mode: the plain render of the messages, against which drift is measured."""
     prompt_completions: tuple[tuple[int, int], ...] | None = None
     """Exact mode: where the model's earlier completions lie in the prompt (from the splice)."""
+    request: dict[str, Any] | None = None
+    """The agent's own request when it spoke another dialect (Messages, Responses), minus its conversation."""
+    response_id: str | None = None
+    """Responses: the id the agent can continue from or fetch (None with `store: false`)."""
     choice_index: int = 0
     request_hash: str | None = None
     attempt: int = 0

@@ -123,6 +123,12 @@ turns = Table(
     Column("reasoning", SafeText),
     Column("tool_calls", Json),
     Column("finish_reason", String(32)),
+    # An agent speaking another dialect than chat (Messages, Responses): its own request, without the
+    # conversation (stored above as the chat messages the engine rendered).
+    Column("request", Json),
+    # Responses: the response's id, by which previous_response_id and GET .../responses/{id} find the turn
+    # (null with `store: false`).
+    Column("response_id", String(64)),
     # A call with n > 1 stores one turn per choice; this is the choice's index in the reply.
     Column("choice_index", Integer, nullable=False, server_default="0"),
     # A client's retry (the same request body, hashed, sent again with a higher `attempt`: the SDKs' retry
@@ -150,6 +156,7 @@ turns = Table(
     Column("first_token_at", Float),
     Column("finished_at", Float, nullable=False),
     UniqueConstraint("rollout_id", "turn_index", name="uq_turns_rollout_id_turn_index"),
+    Index("ix_turns_response_id", "response_id"),
 )
 
 rewards = Table(

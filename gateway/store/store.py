@@ -40,6 +40,9 @@ class Store:
     async def get_rollout(self, rollout_id: str, **options: bool) -> dict[str, Any] | None:
         return await asyncio.to_thread(self._read, reads.get_rollout, rollout_id, **options)
 
+    async def response_turn(self, rollout_id: str, response_id: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self._read, reads.response_turn, rollout_id, response_id)
+
     def _read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         with self.engine.connect() as conn:
             return fn(conn, *args, **kwargs)

@@ -42,7 +42,13 @@ class AgentCall:
     request_hash: str
     attempt: int
     dialect: str | None = None
-    """The wire format the agent spoke when it is not the engine's own (`messages`): the turn's endpoint."""
+    """The wire format the agent spoke when it is not the engine's own (`messages`, `responses`): the turn's
+    endpoint."""
+    original: dict[str, Any] | None = None
+    """The dialect's own request, minus the conversation `body` holds as chat messages; stored with the
+    turn."""
+    response_id: str | None = None
+    """Responses: the id the reply carries and the turn is found by."""
 
     @property
     def stream(self) -> bool:
@@ -71,6 +77,8 @@ def new_record(
         params=fields["params"],
         request_hash=call.request_hash,
         attempt=call.attempt,
+        request=call.original,
+        response_id=call.response_id,
     )
 
 

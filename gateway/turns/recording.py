@@ -35,6 +35,10 @@ class Recorder:
     async def parent_of(self, rollout_id: str, messages: list[dict[str, Any]]) -> Node | None:
         return await self._store.writer.parent_of(rollout_id, messages)
 
+    async def response_turn(self, rollout_id: str, response_id: str) -> dict[str, Any] | None:
+        """The stored turn a Responses agent refers to, with its full messages."""
+        return await self._store.response_turn(rollout_id, response_id)
+
     async def commit(self, records: list[TurnRecord]) -> None:
         """Commit a call's answered turns (one per choice) together, before the agent gets the reply."""
         for record in records:

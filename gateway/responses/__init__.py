@@ -1,0 +1,1 @@
+"""The OpenAI Responses dialect (Codex CLI, the OpenAI Agents SDK): translated to chat, captured as chat."""

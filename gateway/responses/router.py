@@ -1,0 +1,104 @@
+"""HTTP routes of the Responses dialect under `/rollouts/{rollout_id}/v1` (the OpenAI SDK's base URL, as for
+chat): admit, parse once, put a previous response's conversation first, translate to chat, forward. A
+rollout's responses are its turns: `GET responses/{id}` reads one back from the store."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from gateway.auth import check_agent_key
+from gateway.errors import ApiError, error_responses
+from gateway.ids import check_rollout_id, new_id
+from gateway.openai.protocol import ChatCompletionRequest
+from gateway.openai.router import read_call, validated
+from gateway.openapi import raw_body
+from gateway.responses.items import ResponseShape, stored_response
+from gateway.responses.protocol import ResponseObject, ResponsesRequest
+from gateway.responses.translate import chat_tools, previous_conversation, to_chat
+from gateway.responses.wire import ResponsesWire
+from gateway.state import get_turns
+from gateway.turns.admission import admit
+from gateway.turns.capture import ChatCapture
+from gateway.turns.context import TurnContext
+from gateway.turns.forward import forward
+
+router = APIRouter(
+    prefix="/rollouts/{rollout_id}/v1",
+    tags=["agent"],
+    responses=error_responses(400, 401, 404, 409, 413, 422, 502, 503, 504),
+)
+_STREAM = {
+    "text/event-stream": {
+        "schema": {
+            "type": "object",
+            "description": "Responses events (`event` names the event, `data` holds it as JSON): "
+            "response.created, response.in_progress, output item and content part events with their deltas, "
+            "response.completed (or response.incomplete)",
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+            "required": ["data"],
+        }
+    }
+}
+
+
+@router.post(
+    "/responses",
+    openapi_extra=raw_body(ResponsesRequest),
+    response_model=ResponseObject,
+    responses={200: {"content": _STREAM}},
+)
+async def create_response(
+    rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)
+) -> Response:
+    """OpenAI Responses, translated to a chat call on the rollout's vLLM server and recorded as a turn."""
+    check_rollout_id(rollout_id)
+    rollout = await admit(ctx, request, rollout_id)
+    call = await read_call(request, ctx.max_body_bytes, ResponsesRequest)
+    body = call.body
+    history: list[dict[str, Any]] = []
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        history = previous_conversation(await _stored(ctx, rollout_id, previous, "previous_response_id"))
+    chat, names = to_chat(body, history)
+    response_id = "resp_" + new_id()
+    original = {key: value for key, value in body.items() if key != "input"}
+    call = replace(
+        call,
+        body=chat,
+        parsed=validated(ChatCompletionRequest, chat),
+        dialect="responses",
+        original=original,
+        response_id=response_id if body.get("store", True) is not False else None,
+    )
+    wire = ResponsesWire(ResponseShape(response_id, original, names, time.time()), body.get("model"))
+    return await forward(ctx, rollout_id, rollout, ChatCapture, call, wire)
+
+
+@router.get("/responses/{response_id}", response_model=ResponseObject)
+async def get_response(
+    rollout_id: str, response_id: str, request: Request, ctx: TurnContext = Depends(get_turns)
+) -> dict[str, Any]:
+    """A response of this rollout as it was created (`store: false` responses are not kept)."""
+    check_rollout_id(rollout_id)
+    if ctx.rollout_keys:
+        check_agent_key(request, rollout_id, await ctx.recorder.rollout_state(rollout_id))
+    turn = await _stored(ctx, rollout_id, response_id, None)
+    request_fields = turn["request"] or {}
+    _, names = chat_tools(request_fields.get("tools"))
+    return stored_response(ResponseShape(response_id, request_fields, names, turn["started_at"]), turn)
+
+
+async def _stored(ctx: TurnContext, rollout_id: str, response_id: str, param: str | None) -> dict[str, Any]:
+    turn = await ctx.recorder.response_turn(rollout_id, response_id)
+    if turn is None:
+        status = 400 if param is not None else 404
+        message = f"response {response_id!r} not found in rollout {rollout_id!r}"
+        raise ApiError(
+            status, message, "previous_response_not_found" if param else "response_not_found", param
+        )
+    return turn
