@@ -1,5 +1,6 @@
 """Trainer-controlled sampling on the real engine: whatever the agent asks, the rollout's sampling decides how
-the policy samples, on chat (whole and streamed) and completions, and the turn records what was sent."""
+the policy samples, on chat (whole and streamed), completions and Responses, and the turn records what was
+sent."""
 
 from __future__ import annotations
 
@@ -53,3 +54,17 @@ def test_the_rollouts_sampling_applies_to_completions_too(gateway):
     (turn,) = stored_rollout(gateway, rollout_id)["turns"]
     assert len(turn["completion_token_ids"]) == 5
     assert turn["params"]["temperature"] == 0.0
+
+
+def test_the_rollouts_sampling_applies_to_responses_too(gateway):
+    rollout_id, agent = rollout_agent(gateway)
+
+    reply = agent.responses.create(
+        model="tiny", input="Write anything.", temperature=1.7, max_output_tokens=200
+    )
+
+    assert (reply.status, bool(re.fullmatch("[ab]+", reply.output_text))) == ("incomplete", True)
+    (turn,) = stored_rollout(gateway, rollout_id)["turns"]
+    assert len(turn["completion_token_ids"]) == 5
+    assert {k: turn["params"][k] for k in ("temperature", "max_tokens", "structured_outputs")} == SAMPLING
+    assert (turn["request"]["temperature"], turn["request"]["max_output_tokens"]) == (1.7, 200)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anthropic
 import httpx2
 import openai
 import orjson
@@ -388,3 +389,53 @@ async def test_an_unknown_response_is_a_404(gw):
     answer = await gw.client.get("/rollouts/r1/v1/responses/resp_nothing")
 
     assert_openai_error(answer, 404, "response_not_found")
+
+
+async def test_a_rollout_key_opens_every_dialect_and_no_other_key_does(start):
+    gw = await start(rollout_keys=True)
+    created = (await gw.client.post("/rollouts", json={"rollout_id": "keyed"})).json()
+    key = created["api_key"]
+    for _ in range(3):
+        gw.engine.answer("/v1/chat/completions", chat_reply(PROMPT, [5, 2], "Hi."))
+    transport = httpx2.ASGITransport(app=gw.app)
+    openai_agent = openai.AsyncOpenAI(
+        api_key=key,
+        base_url=created["base_url"],
+        http_client=httpx2.AsyncClient(transport=transport),
+        max_retries=0,
+    )
+    anthropic_agent = anthropic.AsyncAnthropic(
+        api_key=key,  # sent as x-api-key, with anthropic-version
+        base_url=created["anthropic_base_url"],
+        http_client=httpx2.AsyncClient(transport=transport),
+        max_retries=0,
+    )
+
+    reply = await openai_agent.responses.create(model="tiny", input="Hi")
+    await openai_agent.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}])
+    await anthropic_agent.messages.create(
+        model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Hi"}]
+    )
+    fetched = await openai_agent.responses.retrieve(reply.id)
+
+    assert fetched.id == reply.id
+    assert [t["endpoint"] for t in (await gw.rollout("keyed"))["turns"]] == ["responses", "chat", "messages"]
+    for path, headers in [
+        ("/responses", {"authorization": "Bearer wrong"}),
+        ("/messages", {"x-api-key": "wrong", "anthropic-version": "2023-06-01"}),
+        (f"/responses/{reply.id}", {}),
+    ]:
+        url = f"/rollouts/keyed/v1{path}"
+        body = {
+            "model": "tiny",
+            "input": "Hi",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Hi"}],
+        }
+        answer = await (
+            gw.client.get(url, headers=headers)
+            if path.startswith("/responses/")
+            else gw.client.post(url, json=body, headers=headers)
+        )
+        assert_openai_error(answer, 401, "invalid_api_key")
+    assert len((await gw.rollout("keyed"))["turns"]) == 3
