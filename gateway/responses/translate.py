@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import ApiError
-from gateway.turns.sampling import Sampling
+from gateway.turns.sampling import ENGINE_FIELDS
 
 CUSTOM_INPUT = "input"
 NAMESPACE_SEPARATOR = "__"
@@ -25,8 +25,6 @@ _CUSTOM_PARAMETERS = {
     "properties": {CUSTOM_INPUT: {"type": "string"}},
     "required": [CUSTOM_INPUT],
 }
-# vLLM's own sampling fields, passed on when an agent adds them (the OpenAI SDK's `extra_body`).
-_VLLM_FIELDS = tuple(name for name in Sampling.model_fields if name != "max_tokens")
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 # Stages of an assistant message that several items make up: an item of an earlier (or, but for tool calls,
 # the same) stage than the message has reached starts a new message.
@@ -88,7 +86,7 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]]) -> tuple[dict[s
     chat: dict[str, Any] = {"model": body["model"], "messages": messages}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
-    for name in ("temperature", "top_p", "parallel_tool_calls", *_VLLM_FIELDS):
+    for name in ("temperature", "top_p", "parallel_tool_calls", *ENGINE_FIELDS):
         if body.get(name) is not None:
             chat[name] = body[name]
     if tools:

@@ -44,6 +44,9 @@ class NulFreeText(TypeDecorator[str]):
 
 SafeText = Text().with_variant(NulFreeText(), "postgresql")
 Json = JSON().with_variant(JSONB(), "postgresql")
+ExactJson = JSON()
+"""What agents and engines exchanged: `json` on PostgreSQL, kept as sent (jsonb would reorder object keys, and
+a tool schema read back would render differently)."""
 Blob = LargeBinary().with_variant(BYTEA(), "postgresql")
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -114,18 +117,18 @@ turns = Table(
     Column("weight_versions", Json),
     # What the agent asked: new messages (or a completions prompt), tools and every other request field.
     Column("prefix_messages", Integer, nullable=False),
-    Column("messages", Json),
+    Column("messages", ExactJson),
     Column("prompt_text", SafeText),
-    Column("tools", Json),
-    Column("params", Json),
+    Column("tools", ExactJson),
+    Column("params", ExactJson),
     # What the model answered, as the agent saw it.
     Column("content", SafeText),
     Column("reasoning", SafeText),
-    Column("tool_calls", Json),
+    Column("tool_calls", ExactJson),
     Column("finish_reason", String(32)),
     # An agent speaking another dialect than chat (Messages, Responses): its own request, without the
     # conversation (stored above as the chat messages the engine rendered).
-    Column("request", Json),
+    Column("request", ExactJson),
     # Responses: the response's id, by which previous_response_id and GET .../responses/{id} find the turn
     # (null with `store: false`).
     Column("response_id", String(64)),

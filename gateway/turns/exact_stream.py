@@ -53,9 +53,12 @@ async def _chunks(
     capture.prompt_ids = prompt
     stream_state: Any = None
     first = True
+    last: dict[str, Any] = {}
     try:
         async for data in sse_data(reply.chunks()):
             if data == b"[DONE]":
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    yield wire.chunk(_usage_chunk(last, len(prompt), len(capture.choice(0).completion_ids)))
                 return
             event = orjson.loads(data)
             if "error" in event and "choices" not in event:
@@ -81,7 +84,7 @@ async def _chunks(
                 for out, choice in zip(chunk.get("choices") or (), event.get("choices") or (), strict=False):
                     out["token_ids"] = choice.get("token_ids")
             capture.strip(chunk, asked)
-            first = False
+            first, last = False, chunk
             yield wire.chunk(chunk)
     except ApiError as exc:
         raise StreamFailure(exc.message) from exc
@@ -114,3 +117,14 @@ async def _derender(
     }
     answer = await post_json(ctx.backends, capture, request, DERENDER)
     return answer["chunk"], answer["stream_state"]
+
+
+def _usage_chunk(last: dict[str, Any], prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The final chunk vLLM's chat endpoint sends when the agent asks for usage (`stream_options`)."""
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    fields: dict[str, Any] = {k: last[k] for k in ("id", "object", "created", "model") if k in last}
+    return {**fields, "choices": [], "usage": usage}

@@ -39,6 +39,11 @@ class Sampling(RequestModel):
     """vLLM's structured outputs (`regex`, `json`, `choice`, `grammar`, ...): force what the policy writes."""
 
 
+ENGINE_FIELDS = tuple(name for name in Sampling.model_fields if name != "max_tokens")
+"""vLLM's own sampling fields: a dialect translated to chat passes them on when an agent adds them (the SDKs'
+`extra_body`), as vLLM's chat endpoint takes them."""
+
+
 def merged(default: dict[str, Any] | None, rollout: dict[str, Any] | None) -> dict[str, Any]:
     """The fields a call of the rollout gets: the gateway's defaults, overridden field by field."""
     return {**(default or {}), **(rollout or {})}

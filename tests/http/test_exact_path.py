@@ -61,6 +61,23 @@ async def test_streamed_exact_reply_derenders_each_engine_step_then_the_finish_o
     assert turn["completion_logprobs"] == [-0.5] * 4
 
 
+async def test_streamed_exact_reply_ends_with_the_usage_chunk_the_agent_asked_for(start):
+    gw = await start(mode="exact")
+    gw.engine.exact = True
+    gw.engine.answer(RENDER, json_reply({"token_ids": PROMPT, "sampling_params": {"max_tokens": 16}}))
+    gw.engine.answer(GENERATE, generate_stream(PROMPT, [[5, 6], [EOS]]))
+    for step, (delta, finish) in enumerate([({"role": "assistant", "content": "ab"}, None), ({}, "stop")]):
+        gw.engine.answer(DERENDER, json_reply(derender_answer(step, delta, finish)))
+
+    response = await gw.chat("r1", stream=True, stream_options={"include_usage": True})
+
+    events = [line[6:] for line in response.text.split("\n\n") if line.startswith("data: ")]
+    usage = orjson.loads(events[-2])
+    assert events[-1] == "[DONE]"
+    assert (usage["id"], usage["model"], usage["choices"]) == ("gen-1", "tiny", [])
+    assert usage["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}
+
+
 def generate_whole(token_ids: list[int]) -> dict[str, Any]:
     logprobs = [{"token": f"token_id:{t}", "logprob": -0.5} for t in token_ids]
     choice = {"index": 0, "token_ids": token_ids, "logprobs": {"content": logprobs}, "finish_reason": "stop"}

@@ -166,9 +166,9 @@ async def test_an_image_is_refused_with_a_clear_400_and_nothing_is_forwarded(gw)
     [
         {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]},  # max_tokens is required
         {"model": "tiny", "max_tokens": 8, "messages": []},
-        {"model": "tiny", "max_tokens": 8, "messages": [{"role": "system", "content": "Hi"}]},
+        {"model": "tiny", "max_tokens": 8, "messages": [{"role": "tool", "content": "Hi"}]},
     ],
-    ids=["no max_tokens", "no messages", "system role in messages"],
+    ids=["no max_tokens", "no messages", "tool role in messages"],
 )
 async def test_malformed_messages_requests_are_422(gw, body):
     response = await gw.client.post("/rollouts/r1/v1/messages", json=body)
@@ -189,3 +189,167 @@ async def test_count_tokens_asks_the_served_models_tokenizer(gw):
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
     ]
+
+
+# What Claude Code 2.1 sends on its first call, abridged: an attribution block and cached blocks in the system
+# prompt, a mid-conversation system message after the task, a deferred placeholder tool, and fields of
+# Anthropic's API (metadata, adaptive thinking, context management, effort) a chat model has no use for.
+CLAUDE_CODE_FIRST_CALL: dict[str, Any] = {
+    "model": "tiny",
+    "max_tokens": 512,
+    "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.330;"},
+        {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+    ],
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>Attribution.</system-reminder>\n"},
+                {"type": "text", "text": "Run echo hello"},
+            ],
+        },
+        {
+            "role": "system",
+            "content": [
+                {"type": "text", "text": "# Environment\n"},
+                {"type": "text", "text": "Skills.", "cache_control": {"type": "ephemeral"}},
+            ],
+        },
+    ],
+    "tools": [
+        TOOL,
+        {
+            "name": "DeferredToolPlaceholder",
+            "description": "Keeps deferred tool loading active; never call this tool.",
+            "input_schema": {"type": "object", "properties": {}},
+            "defer_loading": True,
+        },
+    ],
+    "metadata": {"user_id": '{"device_id": "d7da", "session_id": "5197"}'},
+    "thinking": {"type": "adaptive", "display": "omitted"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "high"},
+}
+CLAUDE_CODE_HEADERS = {
+    "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27",
+    "anthropic-version": "2023-06-01",
+    "x-api-key": "x",
+}
+
+
+async def test_claude_codes_first_call_becomes_exactly_this_chat_request(gw):
+    gw.engine.answer("/v1/chat/completions", chat_reply(PROMPT, [5, 2], "Hi"))
+
+    response = await gw.client.post(
+        "/rollouts/r1/v1/messages",
+        params={"beta": "true"},
+        json=CLAUDE_CODE_FIRST_CALL,
+        headers=CLAUDE_CODE_HEADERS,
+    )
+
+    assert response.status_code == 200, response.text
+    assert sent(gw) == {
+        "model": "tiny",
+        "messages": [
+            {"role": "system", "content": "You are a Claude agent."},
+            {"role": "user", "content": "<system-reminder>Attribution.</system-reminder>\nRun echo hello"},
+            {"role": "system", "content": "# Environment\nSkills."},
+        ],
+        "max_tokens": 512,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "ls",
+                    "parameters": {"type": "object"},
+                    "description": "List a directory.",
+                },
+            }
+        ],
+        "return_token_ids": True,
+        "logprobs": True,
+    }
+
+
+async def test_claude_codes_attribution_block_is_not_part_of_the_system_prompt(gw):
+    # Its hash changes with every request; vLLM would cut it as a line, taking "You are" with it.
+    gw.engine.answer("/v1/chat/completions", chat_reply(PROMPT, [5, 2], "Hi"))
+    attribution = {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.330.fe5;"}
+
+    await agent(gw).messages.create(
+        model="tiny",
+        max_tokens=64,
+        system=[attribution, {"type": "text", "text": "You are an agent.\nBe brief."}],
+        messages=[{"role": "user", "content": "Hi"}, {"role": "system", "content": [attribution]}],
+    )
+
+    assert sent(gw)["messages"] == [
+        {"role": "system", "content": "You are an agent.\nBe brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+
+
+async def test_a_mid_conversation_system_message_keeps_its_place_between_the_turns(gw):
+    gw.engine.answer("/v1/chat/completions", chat_reply(PROMPT, [5, 2], "Hi"))
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": "The user is in /tmp."},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]},
+        {"role": "user", "content": "Where am I?"},
+    ]
+
+    await agent(gw).messages.create(model="tiny", max_tokens=64, messages=messages)
+
+    assert sent(gw)["messages"] == [
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": "The user is in /tmp."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Where am I?"},
+    ]
+    (turn,) = (await gw.rollout("r1", include_messages="true"))["turns"]
+    assert [m["role"] for m in turn["messages"]] == ["user", "system", "assistant", "user"]
+
+
+async def test_a_deferred_tool_is_left_out_of_the_prompt(gw):
+    gw.engine.answer("/v1/chat/completions", chat_reply(PROMPT, [5, 2], "Hi"))
+    deferred = {"name": "cron", "input_schema": {"type": "object"}, "defer_loading": True}
+
+    await agent(gw).messages.create(
+        model="tiny",
+        max_tokens=64,
+        messages=[{"role": "user", "content": "Hi"}],
+        tools=[deferred, TOOL],
+    )
+
+    assert [tool["function"]["name"] for tool in sent(gw)["tools"]] == ["ls"]
+
+
+async def test_a_system_message_holding_more_than_text_is_a_400_a_harness_can_fall_back_from(gw):
+    # Claude Code announces tools added mid-conversation so; on a 400 it resends without system messages.
+    addition = {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "cron"}}
+    body = {
+        "model": "tiny",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Hi"}, {"role": "system", "content": [addition]}],
+    }
+
+    response = await gw.client.post("/rollouts/r1/v1/messages", json=body)
+
+    error = assert_openai_error(response, 400, "unsupported_content")
+    assert (error["param"], error["message"]) == (
+        "messages.1.content.0",
+        "messages.1.content.0: only text blocks can go here",
+    )
+    assert gw.engine.requests == []
+
+
+async def test_vllms_own_sampling_fields_pass_through_to_the_engine(gw):
+    gw.engine.answer("/v1/chat/completions", chat_reply(PROMPT, [5, 2], "ab"))
+    extra = {"seed": 7, "min_tokens": 2, "structured_outputs": {"regex": "[ab]+"}, "top_k": 5}
+
+    await agent(gw).messages.create(
+        model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Hi"}], extra_body=extra
+    )
+
+    assert {key: sent(gw).get(key) for key in extra} == extra

