@@ -91,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--turns", type=int, default=3, help="model calls per rollout (without --train)")
     demo.add_argument(
+        "--dialect",
+        choices=["chat", "messages", "responses"],
+        default="chat",
+        help="the API the demo agent speaks: OpenAI chat completions, Anthropic Messages or OpenAI Responses "
+        "(without --train; default: %(default)s)",
+    )
+    demo.add_argument(
         "--train", action="store_true", help="run rollout workers and the reference GRPO trainer"
     )
     demo.add_argument(
@@ -131,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     return run_demo(
-        workdir=args.workdir, groups=args.groups, group_size=args.group_size or 4, turns=args.turns
+        workdir=args.workdir,
+        groups=args.groups,
+        group_size=args.group_size or 4,
+        turns=args.turns,
+        dialect=args.dialect,
     )
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+import anthropic
 import httpx
 import openai
 import sqlalchemy as sa
@@ -46,17 +47,21 @@ TOOLS: list[ChatCompletionFunctionToolParam] = [
 # structured outputs, the last one answers freely.
 TOOL_CALL_REGEX = r'<tool_call>\{"name": "(ls|cat)", "arguments": \{"path": "/[a-z]{1,8}"\}\}</tool_call>'
 FILES = {"/tmp": "notes.txt todo.md", "/home": "alice bob"}
+DIALECT_NAMES = {
+    "chat": "OpenAI chat completions",
+    "messages": "Anthropic Messages",
+    "responses": "OpenAI Responses",
+}
 
 
 def say(message: str) -> None:
     print(message, flush=True)
 
 
-def run_tool(call: dict[str, Any]) -> str:
+def run_tool(name: str, arguments: str) -> str:
     """The toy environment: a pretend file system."""
-    arguments = json.loads(call["function"]["arguments"])
-    path = arguments.get("path", "/")
-    if call["function"]["name"] == "ls":
+    path = json.loads(arguments).get("path", "/")
+    if name == "ls":
         return FILES.get(path, f"ls: {path}: no such directory")
     return f"cat: {path}: permission denied"
 
@@ -66,43 +71,154 @@ def reward_of(answer: str) -> float:
     return round(sum(ch.islower() for ch in answer) / max(len(answer), 1), 4)
 
 
-async def run_rollout(gateway: GatewayProcess, group_id: str, task: str, turns: int, seed: int) -> None:
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as control:
-        created = (await control.post("/rollouts", json={"group_id": group_id, "task_id": task})).json()
-        agent = openai.AsyncOpenAI(base_url=created["base_url"], api_key="unused", max_retries=0)
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": "You explore a file system with tools, then answer."},
+class Conversation(Protocol):
+    """One agent's history in the API dialect it speaks, and its model calls."""
+
+    async def call(self, extra: dict[str, Any], max_tokens: int, seed: int) -> list[ToolCall] | str:
+        """One model call: the tool calls the model made, or its answer."""
+        ...
+
+    def results(self, calls: list[ToolCall], outputs: list[str]) -> None:
+        """The tools' outputs, sent with the next call."""
+        ...
+
+
+ToolCall = tuple[str, str, str]
+"""(call id, tool name, arguments as JSON text)."""
+SYSTEM = "You explore a file system with tools, then answer."
+
+
+class ChatConversation:
+    """OpenAI chat completions (OPENAI_BASE_URL)."""
+
+    def __init__(self, created: dict[str, Any], task: str) -> None:
+        self._agent = openai.AsyncOpenAI(base_url=created["base_url"], api_key="unused", max_retries=0)
+        self._messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
             {"role": "user", "content": task},
         ]
+
+    async def call(self, extra: dict[str, Any], max_tokens: int, seed: int) -> list[ToolCall] | str:
+        reply = await self._agent.chat.completions.create(
+            model="tiny",
+            messages=cast("list[ChatCompletionMessageParam]", self._messages),
+            tools=TOOLS,
+            max_tokens=max_tokens,
+            temperature=1.0,
+            seed=seed,
+            extra_body=extra,
+        )
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            self._messages.append({"role": "assistant", "content": message.content or ""})
+            return message.content or ""
+        calls = [call.model_dump() for call in message.tool_calls]
+        self._messages.append({"role": "assistant", "content": message.content, "tool_calls": calls})
+        return [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+    def results(self, calls: list[ToolCall], outputs: list[str]) -> None:
+        for (call_id, _, _), output in zip(calls, outputs, strict=True):
+            self._messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+
+
+class MessagesConversation:
+    """Anthropic Messages (ANTHROPIC_BASE_URL), as Claude Code speaks it."""
+
+    def __init__(self, created: dict[str, Any], task: str) -> None:
+        self._agent = anthropic.AsyncAnthropic(
+            base_url=created["anthropic_base_url"], api_key="unused", max_retries=0
+        )
+        self._messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+        self._tools = [
+            {"name": t["function"]["name"], "description": t["function"]["description"],
+             "input_schema": t["function"]["parameters"]}
+            for t in TOOLS
+        ]  # fmt: skip
+
+    async def call(self, extra: dict[str, Any], max_tokens: int, seed: int) -> list[ToolCall] | str:
+        reply = await self._agent.messages.create(
+            model="tiny",
+            system=SYSTEM,
+            messages=cast("Any", self._messages),
+            tools=cast("Any", self._tools),
+            max_tokens=max_tokens,
+            extra_body={**extra, "temperature": 1.0, "seed": seed},
+        )
+        self._messages.append({"role": "assistant", "content": [b.model_dump() for b in reply.content]})
+        calls = [(b.id, b.name, json.dumps(b.input)) for b in reply.content if b.type == "tool_use"]
+        return calls or "".join(b.text for b in reply.content if b.type == "text")
+
+    def results(self, calls: list[ToolCall], outputs: list[str]) -> None:
+        blocks = [
+            {"type": "tool_result", "tool_use_id": call_id, "content": output}
+            for (call_id, _, _), output in zip(calls, outputs, strict=True)
+        ]
+        self._messages.append({"role": "user", "content": blocks})
+
+
+class ResponsesConversation:
+    """OpenAI Responses (OPENAI_BASE_URL), as Codex and the Agents SDK speak it: each call continues the
+    previous response by its id."""
+
+    def __init__(self, created: dict[str, Any], task: str) -> None:
+        self._agent = openai.AsyncOpenAI(base_url=created["base_url"], api_key="unused", max_retries=0)
+        self._input: list[dict[str, Any]] = [{"role": "user", "content": task}]
+        self._previous: str | None = None
+        self._tools = [{"type": "function", **t["function"]} for t in TOOLS]
+
+    async def call(self, extra: dict[str, Any], max_tokens: int, seed: int) -> list[ToolCall] | str:
+        reply = await self._agent.responses.create(
+            model="tiny",
+            instructions=SYSTEM,
+            input=cast("Any", self._input),
+            previous_response_id=self._previous or openai.omit,
+            tools=cast("Any", self._tools),
+            max_output_tokens=max_tokens,
+            temperature=1.0,
+            extra_body={**extra, "seed": seed},
+        )
+        self._input, self._previous = [], reply.id
+        calls = [(i.call_id, i.name, i.arguments) for i in reply.output if i.type == "function_call"]
+        return calls or reply.output_text
+
+    def results(self, calls: list[ToolCall], outputs: list[str]) -> None:
+        self._input += [
+            {"type": "function_call_output", "call_id": call_id, "output": output}
+            for (call_id, _, _), output in zip(calls, outputs, strict=True)
+        ]
+
+
+DIALECTS: dict[str, Callable[[dict[str, Any], str], Conversation]] = {
+    "chat": ChatConversation,
+    "messages": MessagesConversation,
+    "responses": ResponsesConversation,
+}
+
+
+async def run_rollout(
+    gateway: GatewayProcess, group_id: str, task: str, turns: int, seed: int, dialect: str = "chat"
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as control:
+        created = (await control.post("/rollouts", json={"group_id": group_id, "task_id": task})).json()
+        conversation = DIALECTS[dialect](created, task)
         answer = ""
         for turn in range(turns):
             last = turn == turns - 1
             extra = {} if last else {"structured_outputs": {"regex": TOOL_CALL_REGEX}}
-            reply = await agent.chat.completions.create(
-                model="tiny",
-                messages=cast("list[ChatCompletionMessageParam]", messages),
-                tools=TOOLS,
-                max_tokens=40 if last else 80,
-                temperature=1.0,
-                seed=seed * 100 + turn,
-                extra_body=extra,
-            )
-            message = reply.choices[0].message
-            if message.tool_calls:
-                calls = [call.model_dump() for call in message.tool_calls]
-                messages.append({"role": "assistant", "content": message.content, "tool_calls": calls})
-                for call in calls:
-                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": run_tool(call)})
+            reply = await conversation.call(extra, 40 if last else 80, seed * 100 + turn)
+            if isinstance(reply, str):
+                answer = reply
             else:
-                answer = message.content or ""
-                messages.append({"role": "assistant", "content": answer})
+                conversation.results(reply, [run_tool(name, arguments) for _, name, arguments in reply])
         rollout_id = created["rollout_id"]
         await control.post(
             f"/rollouts/{rollout_id}/finish", json={"status": "completed", "reward": reward_of(answer)}
         )
 
 
-async def run_groups(gateway: GatewayProcess, groups: int, group_size: int, turns: int) -> None:
+async def run_groups(
+    gateway: GatewayProcess, groups: int, group_size: int, turns: int, dialect: str = "chat"
+) -> None:
     tasks = ["What is in /tmp?", "Find the notes in /home.", "Is there a todo list?"]
     limit = asyncio.Semaphore(16)
     done = 0
@@ -112,7 +228,7 @@ async def run_groups(gateway: GatewayProcess, groups: int, group_size: int, turn
         nonlocal done
         async with limit:
             await run_rollout(
-                gateway, f"group-{group}", tasks[group % len(tasks)], turns, group * 1000 + member
+                gateway, f"group-{group}", tasks[group % len(tasks)], turns, group * 1000 + member, dialect
             )
         done += 1
         say(f"    rollouts finished: {done}/{total}")
@@ -185,13 +301,16 @@ def engine_and_gateway(
     say("Stopped the gateway and vLLM.")
 
 
-def run_demo(*, workdir: str, groups: int, group_size: int, turns: int) -> int:
+def run_demo(*, workdir: str, groups: int, group_size: int, turns: int, dialect: str = "chat") -> int:
     root = Path(workdir).resolve()
     db_path, db_url = fresh_database(root, "demo.db")
     say(f"[1/4] Building the tiny model in {root / 'model'}")
     model_dir = build_tiny_model(root / "model")
     with engine_and_gateway(model_dir, db_url, root) as gateway:
-        say(f"[4/4] Running {groups} GRPO groups of {group_size} rollouts, {turns} model calls each")
-        asyncio.run(run_groups(gateway, groups, group_size, turns))
+        say(
+            f"[4/4] Running {groups} GRPO groups of {group_size} rollouts, {turns} model calls each, "
+            f"the agent speaking {DIALECT_NAMES[dialect]}"
+        )
+        asyncio.run(run_groups(gateway, groups, group_size, turns, dialect))
     print_summary(db_url, db_path)
     return 0
