@@ -197,7 +197,8 @@ DIALECTS: dict[str, Callable[[dict[str, Any], str], Conversation]] = {
 
 async def run_rollout(
     gateway: GatewayProcess, group_id: str, task: str, turns: int, seed: int, dialect: str = "chat"
-) -> None:
+) -> str:
+    """One rollout of the toy task, finished with its reward; returns its id."""
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as control:
         created = (await control.post("/rollouts", json={"group_id": group_id, "task_id": task})).json()
         conversation = DIALECTS[dialect](created, task)
@@ -214,6 +215,7 @@ async def run_rollout(
         await control.post(
             f"/rollouts/{rollout_id}/finish", json={"status": "completed", "reward": reward_of(answer)}
         )
+    return str(rollout_id)
 
 
 async def run_groups(
