@@ -156,10 +156,13 @@ def whole_response(shape: ResponseShape, payload: dict[str, Any]) -> dict[str, A
 
 
 def stored_response(shape: ResponseShape, turn: dict[str, Any]) -> dict[str, Any]:
-    """A stored turn as the response it answered."""
+    """A stored turn as the response it answered (a turn that failed, as a failed response)."""
     output = shape.items(turn["reasoning"], turn["content"], turn["tool_calls"])
-    status, incomplete = status_of(turn["finish_reason"])
     usage = {"prompt_tokens": turn["prompt_tokens"], "completion_tokens": turn["completion_tokens"]}
+    if turn["status"] != "ok":
+        response = shape.response("failed", output, usage, turn["model"])
+        return {**response, "error": {"code": f"turn_{turn['status']}", "message": turn["error"]}}
+    status, incomplete = status_of(turn["finish_reason"])
     return shape.response(status, output, usage, turn["model"], incomplete)
 
 

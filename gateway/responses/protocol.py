@@ -57,7 +57,7 @@ class ResponseObject(BaseModel):
     id: str
     object: Literal["response"]
     created_at: int
-    status: Literal["completed", "incomplete", "in_progress", "failed"]
+    status: Literal["completed", "incomplete", "in_progress", "failed", "cancelled"]
     model: str | None
     output: list[OutputItem]
     usage: Usage | None

@@ -63,7 +63,11 @@ async def create_response(
     history: list[dict[str, Any]] = []
     previous = body.get("previous_response_id")
     if previous is not None:
-        history = previous_conversation(await _stored(ctx, rollout_id, previous, "previous_response_id"))
+        turn = await _stored(ctx, rollout_id, previous, "previous_response_id")
+        if turn["status"] != "ok":
+            message = f"response {previous!r} failed ({turn['error']}): there is no reply to continue from"
+            raise ApiError(400, message, "previous_response_failed", "previous_response_id")
+        history = previous_conversation(turn)
     chat, names = to_chat(body, history)
     response_id = "resp_" + new_id()
     original = {key: value for key, value in body.items() if key != "input"}

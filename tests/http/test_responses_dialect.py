@@ -11,7 +11,7 @@ import httpx2
 import openai
 import orjson
 import pytest
-from fake_engine import FakeReply, chat_reply, chat_stream
+from fake_engine import FakeReply, chat_reply, chat_stream, error_reply
 
 from support import assert_openai_error
 
@@ -439,3 +439,20 @@ async def test_a_rollout_key_opens_every_dialect_and_no_other_key_does(start):
         )
         assert_openai_error(answer, 401, "invalid_api_key")
     assert len((await gw.rollout("keyed"))["turns"]) == 3
+
+
+async def test_a_failed_call_reads_back_as_a_failed_response_that_cannot_be_continued(gw):
+    gw.engine.answer("/v1/chat/completions", error_reply(400, "This model's maximum context length is 2048"))
+
+    answer = await gw.client.post("/rollouts/r1/v1/responses", json={"model": "tiny", "input": "Hi"})
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    fetched = await gw.client.get(f"/rollouts/r1/v1/responses/{turn['response_id']}")
+    continued = await gw.client.post(
+        "/rollouts/r1/v1/responses",
+        json={"model": "tiny", "input": "More", "previous_response_id": turn["response_id"]},
+    )
+
+    assert answer.status_code == 400 and turn["status"] == "error"
+    assert (fetched.json()["status"], fetched.json()["error"]["code"]) == ("failed", "turn_error")
+    assert_openai_error(continued, 400, "previous_response_failed")
+    assert len((await gw.rollout("r1"))["turns"]) == 1
