@@ -153,6 +153,15 @@ def error_response(
     )
 
 
+def string_field(item: dict[str, Any], key: str, where: str) -> str:
+    """A string field of an object inside an agent's request (a content block, an input item), or a 400
+    naming it (`where` is the object's place in the request)."""
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise ApiError(400, f"{where}.{key}: expected a string", "invalid_request", f"{where}.{key}")
+    return value
+
+
 def validation_message(errors: list) -> tuple[str, str | None]:  # type: ignore[type-arg]
     """A one-line summary of pydantic errors, and the first offending parameter."""
     parts = []

@@ -22,6 +22,17 @@ def raw_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+def event_stream(description: str) -> dict[str, Any]:
+    """The `content` of a 200 answered as server-sent events named by `event` (Messages, Responses)."""
+    schema = {
+        "type": "object",
+        "description": description + " (`event` names the event, `data` holds it as JSON)",
+        "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+        "required": ["data"],
+    }
+    return {"text/event-stream": {"schema": schema}}
+
+
 def install_openapi(app: FastAPI, raw_models: list[type[BaseModel]]) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

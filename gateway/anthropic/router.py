@@ -16,7 +16,7 @@ from gateway.errors import error_responses
 from gateway.ids import check_rollout_id
 from gateway.openai.protocol import ChatCompletionRequest
 from gateway.openai.router import read_call, validated
-from gateway.openapi import raw_body
+from gateway.openapi import event_stream, raw_body
 from gateway.state import get_turns
 from gateway.store.records import TurnRecord
 from gateway.turns.admission import admit, prompt_tokens
@@ -29,17 +29,10 @@ router = APIRouter(
     tags=["agent"],
     responses=error_responses(400, 401, 404, 409, 413, 422, 502, 503, 504),
 )
-_STREAM = {
-    "text/event-stream": {
-        "schema": {
-            "type": "object",
-            "description": "Anthropic's Messages events (`event` names the event, `data` holds it as JSON): "
-            "message_start, content_block_start/delta/stop per block, message_delta, message_stop",
-            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
-            "required": ["data"],
-        }
-    }
-}
+_STREAM = event_stream(
+    "Anthropic's Messages events: message_start, content_block_start/delta/stop per block, message_delta, "
+    "message_stop"
+)
 
 
 @router.post(

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, string_field
 from gateway.ids import new_id
 from gateway.turns.sampling import ENGINE_FIELDS
 
@@ -61,20 +61,20 @@ def _chat_messages(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
         kind = block.get("type")
         at = f"{where}.content.{index}"
         if kind == "text":
-            texts.append(_string(block, "text", at))
+            texts.append(string_field(block, "text", at))
         elif kind == "thinking":
-            reasoning.append(_string(block, "thinking", at))
+            reasoning.append(string_field(block, "thinking", at))
         elif kind == "redacted_thinking":
             continue
         elif kind == "tool_use":
             arguments = orjson.dumps(block.get("input") or {}).decode()
-            function = {"name": _string(block, "name", at), "arguments": arguments}
-            calls.append({"id": _string(block, "id", at), "type": "function", "function": function})
+            function = {"name": string_field(block, "name", at), "arguments": arguments}
+            calls.append({"id": string_field(block, "id", at), "type": "function", "function": function})
         elif kind == "tool_result":
             content_at = f"{at}.content"
             result = _text(block.get("content") or "", content_at)
             results.append(
-                {"role": "tool", "tool_call_id": _string(block, "tool_use_id", at), "content": result}
+                {"role": "tool", "tool_call_id": string_field(block, "tool_use_id", at), "content": result}
             )
         else:
             raise ApiError(
@@ -92,13 +92,6 @@ def _chat_messages(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     if reasoning:
         reply["reasoning"] = "".join(reasoning)
     return [reply]
-
-
-def _string(block: dict[str, Any], key: str, where: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise ApiError(400, f"{where}.{key}: expected a string", "invalid_request", f"{where}.{key}")
-    return value
 
 
 def _system_text(value: Any, where: str) -> str:

@@ -16,7 +16,7 @@ from gateway.errors import ApiError, error_responses
 from gateway.ids import check_rollout_id, new_id
 from gateway.openai.protocol import ChatCompletionRequest
 from gateway.openai.router import read_call, validated
-from gateway.openapi import raw_body
+from gateway.openapi import event_stream, raw_body
 from gateway.responses.items import ResponseShape, stored_response
 from gateway.responses.protocol import ResponseObject, ResponsesRequest
 from gateway.responses.translate import chat_tools, previous_conversation, to_chat
@@ -32,18 +32,10 @@ router = APIRouter(
     tags=["agent"],
     responses=error_responses(400, 401, 404, 409, 413, 422, 502, 503, 504),
 )
-_STREAM = {
-    "text/event-stream": {
-        "schema": {
-            "type": "object",
-            "description": "Responses events (`event` names the event, `data` holds it as JSON): "
-            "response.created, response.in_progress, output item and content part events with their deltas, "
-            "response.completed (or response.incomplete)",
-            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
-            "required": ["data"],
-        }
-    }
-}
+_STREAM = event_stream(
+    "Responses events: response.created, response.in_progress, output item and content part events with "
+    "their deltas, response.completed (or response.incomplete)"
+)
 
 
 @router.post(

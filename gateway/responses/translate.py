@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, string_field
 from gateway.turns.sampling import ENGINE_FIELDS
 
 CUSTOM_INPUT = "input"
@@ -135,7 +135,7 @@ def input_messages(items: list[dict[str, Any]], names: ToolNames) -> list[dict[s
         if kind == "function_call_output" or kind == "custom_tool_call_output":
             output = _text(item.get("output"), f"{where}.output")
             messages.append(
-                {"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": output}
+                {"role": "tool", "tool_call_id": string_field(item, "call_id", where), "content": output}
             )
             stage = -1
             continue
@@ -166,7 +166,7 @@ def _role(item: dict[str, Any], where: str) -> str:
 
 
 def _tool_call(item: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
-    name = _string(item, "name", where)
+    name = string_field(item, "name", where)
     if kind == "custom_tool_call":
         arguments = orjson.dumps({CUSTOM_INPUT: item.get("input") or ""}).decode()
     else:
@@ -174,7 +174,7 @@ def _tool_call(item: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
         if item.get("namespace"):
             name = f"{item['namespace']}{NAMESPACE_SEPARATOR}{name}"
     function = {"name": name, "arguments": arguments}
-    return {"id": _string(item, "call_id", where), "type": "function", "function": function}
+    return {"id": string_field(item, "call_id", where), "type": "function", "function": function}
 
 
 def _reasoning(item: dict[str, Any]) -> str:
@@ -201,13 +201,6 @@ def _text(value: Any, where: str) -> str:
             )
         texts.append(part.get("text") or part.get("refusal") or "")
     return "".join(texts)
-
-
-def _string(item: dict[str, Any], key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise ApiError(400, f"{where}.{key}: expected a string", "invalid_request", f"{where}.{key}")
-    return value
 
 
 def _unsupported(kind: Any, where: str) -> ApiError:
