@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import sqlalchemy as sa
@@ -22,6 +26,7 @@ from trainer_client.reference.runner import RolloutRunner, RunnerConfig
 from trainer_client.reference.toy_task import CharacterShareTask
 
 import support
+from support import run_rollout
 
 STEPS = 10
 MAX_STALENESS = 1
@@ -102,6 +107,180 @@ def test_async_grpo_through_the_gateway_raises_mean_reward(policy_vllm, start_ga
     assert query(db_url, "SELECT COUNT(*) FROM rollouts WHERE eval AND claimed_by IS NOT NULL") == [(0,)]
     assert [v["policy_version"] for v in result.evaluation["policy_versions"]] == ["0", "5", "10"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and report.stat().st_size > 0
+
+
+def run_ranks(script: str, *args: str, timeout: float = 300) -> list[dict[str, Any]]:
+    """`script` as ranks 0 and 1 of a torch.distributed group (gloo, on CPU), each its own process, meeting
+    through a file in a fresh directory (no port to pick); returns the JSON each printed last."""
+    rendezvous = Path(args[0]) / "rendezvous"
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, f"file://{rendezvous}", str(rank), *args],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [rank.communicate(timeout=timeout)[0] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    return [json.loads(output.splitlines()[-1]) for output in outputs]
+
+
+def group_advantages(rewards: dict[str, float], groups: dict[str, str]) -> dict[str, float]:
+    """(reward - group mean) / (group std + 1e-6) over each group's rollouts: what one process computes."""
+    advantages = {}
+    for group in set(groups.values()):
+        members = [rollout for rollout in rewards if groups[rollout] == group]
+        values = np.array([rewards[rollout] for rollout in members])
+        for rollout, value in zip(members, (values - values.mean()) / (values.std() + 1e-6), strict=True):
+            advantages[rollout] = float(value)
+    return advantages
+
+
+RANK_CLAIMS = """
+import json, sys
+import torch.distributed as dist
+from trainer_client import DistributedClaims, StepFailed, TrainerClient
+
+init_method, rank, db_url = sys.argv[1], int(sys.argv[2]), sys.argv[4]
+dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
+claims = DistributedClaims(TrainerClient(db_url) if rank == 0 else None, "dp", lease=60.0)
+try:
+    with claims.step(0) as failed:
+        if rank == 1:
+            raise ValueError("rank 1 failed mid-step")
+except (ValueError, StepFailed) as exc:
+    step_0 = [type(exc).__name__, len(failed.batch)]
+with claims.step(1) as shard:
+    step_1 = [[s.rollout_id, s.turn_index, s.advantage] for s in shard.batch.samples]
+print(json.dumps({"step_0": step_0, "step_1": step_1, "kept": shard.kept, "tokens": shard.shard_tokens}))
+dist.destroy_process_group()
+"""
+
+
+def test_a_step_that_fails_on_one_rank_is_released_and_the_next_step_takes_it_whole(
+    policy_vllm, start_gateway, databases, tmp_path
+):
+    db_url = databases.new("postgresql")
+    gateway = start_gateway(db_url, backends=[policy_vllm.url])
+    rewards = {run_rollout(gateway, "g1", reward=r, turns=2): r for r in (1.0, 0.0, 0.5)}
+    rewards |= {run_rollout(gateway, "g2", reward=r, turns=1): r for r in (0.25, 0.75)}
+    groups = {rollout: "g1" if index < 3 else "g2" for index, rollout in enumerate(rewards)}
+
+    ranks = run_ranks(RANK_CLAIMS, str(tmp_path), db_url)
+
+    # Step 0: rank 1 raised, so rank 0 released the claim and raised too (each had its share of 8 samples).
+    assert [rank["step_0"][0] for rank in ranks] == ["StepFailed", "ValueError"]
+    assert sum(rank["step_0"][1] for rank in ranks) == 8
+    # Step 1 took the same groups whole: every sample on exactly one rank, advantages as on one process.
+    seen = [(rollout, turn) for rank in ranks for rollout, turn, _ in rank["step_1"]]
+    assert sorted(seen) == sorted([(r, t) for r in rewards for t in range(2 if groups[r] == "g1" else 1)])
+    assert len(seen) == len(set(seen)) == 8 and all(rank["step_1"] for rank in ranks)
+    expected = group_advantages(rewards, groups)
+    for rank in ranks:
+        for rollout, _, advantage in rank["step_1"]:
+            assert advantage == pytest.approx(expected[rollout], rel=1e-12)
+    assert [rank["kept"] for rank in ranks] == [5, 5]
+    # Balanced by tokens: the two shards differ by at most the longest sample.
+    ((longest,),) = query(db_url, "SELECT MAX(prompt_tokens + completion_tokens) FROM turns")
+    assert ranks[0]["tokens"] == ranks[1]["tokens"]
+    assert abs(ranks[0]["tokens"][0] - ranks[0]["tokens"][1]) <= longest
+    claims = query(db_url, "SELECT claimed_by, claim_step, lease_until FROM rollouts")
+    assert claims == [("dp", 1, None)] * 5
+
+
+RANK_LOOP = """
+import dataclasses, json, sys
+from pathlib import Path
+import torch.distributed as dist
+from gateway.demo.train import demo_config
+from trainer_client.reference.loop import run_rank
+from trainer_client.reference.trainer import GRPOTrainer, save_weights
+
+init_method, rank, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+policy, db_url, gateway_url = sys.argv[4:]
+dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
+shards = []
+
+
+class RecordingTrainer(GRPOTrainer):
+    def train_shard(self, shard):
+        samples = [[s.rollout_id, s.turn_index, s.advantage] for s in shard.batch.samples]
+        shards.append({"step": shard.step, "samples": samples, "tokens": shard.shard_tokens})
+        metrics = super().train_shard(shard)
+        save_weights(self.model, out / f"rank{rank}")  # this rank's weights after the step
+        return metrics
+
+
+(out / f"rank{rank}").mkdir()
+config = demo_config(Path(policy), db_url, gateway_url, steps=2, groups_per_step=2, group_size=4)
+config = dataclasses.replace(config, eval_groups=1)
+reports = []
+result = run_rank(config, on_step=reports.append, make_trainer=RecordingTrainer)
+steps = [dataclasses.asdict(report) for report in reports]
+print(json.dumps({"shards": shards, "steps": steps, "result": result is not None}))
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_train_every_claimed_rollout_once_on_disjoint_shards_with_one_process_advantages(
+    policy_vllm, start_gateway, databases, tmp_path
+):
+    from safetensors.torch import load_file
+
+    db_url = databases.new("sqlite")
+    gateway = start_gateway(db_url, backends=[policy_vllm.url])
+
+    ranks = run_ranks(RANK_LOOP, str(tmp_path), str(policy_vllm.model_dir), db_url, gateway.url)
+
+    assert [rank["result"] for rank in ranks] == [True, False]  # the loop's result is rank 0's
+    claimed = query(
+        db_url,
+        "SELECT r.rollout_id, r.group_id, r.claim_step, r.reward, r.lease_until, COUNT(t.turn_id) "
+        "FROM rollouts r JOIN turns t USING (rollout_id) WHERE r.claimed_by = 'trainer-0' "
+        "AND r.skip_reason IS NULL GROUP BY r.rollout_id, r.group_id, r.claim_step, r.reward, r.lease_until",
+    )
+    # Two steps of 2 groups x 4 one-turn rollouts, each committed (no lease left), none stale or skipped.
+    assert sorted(step for _, _, step, *_ in claimed) == [0] * 8 + [1] * 8
+    assert {(lease, turns) for *_, lease, turns in claimed} == {(None, 1)}
+    assert query(db_url, "SELECT COUNT(*) FROM rollouts WHERE skip_reason IS NOT NULL") == [(0,)]
+    expected = group_advantages(
+        {r: reward for r, _, _, reward, *_ in claimed}, {r: g for r, g, *_ in claimed}
+    )
+    ((longest,),) = query(db_url, "SELECT MAX(prompt_tokens + completion_tokens) FROM turns")
+    for step in (0, 1):
+        shards = [shard for rank in ranks for shard in rank["shards"] if shard["step"] == step]
+        seen = [(rollout, turn) for shard in shards for rollout, turn, _ in shard["samples"]]
+        # Every sample of the step's claim on exactly one rank; both ranks had some.
+        assert sorted(seen) == sorted((r, 0) for r, _, claim_step, *_ in claimed if claim_step == step)
+        assert len(seen) == len(set(seen)) == 8 and all(shard["samples"] for shard in shards)
+        for shard in shards:
+            for rollout, _, advantage in shard["samples"]:
+                assert advantage == pytest.approx(expected[rollout], rel=1e-12)
+        assert shards[0]["tokens"] == shards[1]["tokens"]  # balanced: apart by at most the longest sample
+        assert abs(shards[0]["tokens"][0] - shards[0]["tokens"][1]) <= longest
+    # Both ranks took the same two steps: the whole step's metrics, the same weights as rank 0 served.
+    assert [[step["version"] for step in rank["steps"]] for rank in ranks] == [[1, 2], [1, 2]]
+    for field in (
+        "loss",
+        "approx_kl",
+        "clip_fraction",
+        "loss_tokens",
+        "rollouts",
+        "reward_mean",
+        "shard_tokens",
+    ):
+        assert [step[field] for step in ranks[0]["steps"]] == [step[field] for step in ranks[1]["steps"]]
+    served = load_file(policy_vllm.model_dir / "model.safetensors")
+    for rank in (0, 1):
+        weights = load_file(tmp_path / f"rank{rank}" / "model.safetensors")
+        assert weights.keys() == served.keys()
+        assert all(weights[name].equal(served[name]) for name in served)
+    assert admin(gateway, "/state").json()["policy_version"] == "2"
 
 
 def test_backend_crashed_and_restarted_mid_rollout_leaves_error_turns_and_masked_rollouts(

@@ -1,6 +1,7 @@
 """The reference async GRPO loop, built on the library: not imported by `trainer_client` itself.
 
 `runner.RolloutRunner` plays a `task.Task` through a gateway with `openai` SDK agents, `trainer.GRPOTrainer`
-claims ready groups and trains a `transformers` policy, `loop.run_loop` runs both, and `toy_task` is an
-environment a tiny model learns on a CPU. Needs the `trainer` extra.
+claims ready groups and trains a `transformers` policy, `loop.run_loop` runs both (`loop.run_rank` on each
+rank of a torch.distributed trainer), and `toy_task` is an environment a tiny model learns on a CPU. Needs
+the `trainer` extra.
 """

@@ -4,11 +4,15 @@ Training rollouts flow without pause while the trainer claims ready groups, step
 every `eval_every` steps (and before the first and after the last) the trainer waits while one round of
 evaluation rollouts, tagged `eval`, is played at the current version. The result is the per-step log, mean
 reward per policy version (training and evaluation rollouts) and pass@k, saved as JSON and plotted as a PNG.
+
+`run_rank` runs it on N ranks under torch.distributed: rank 0 runs everything above, the other ranks only
+their share of each training step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import Callable
@@ -63,17 +67,55 @@ class LoopResult:
         }
 
 
-def run_loop(config: LoopConfig, on_step: Callable[[StepReport], None] | None = None) -> LoopResult:
-    return asyncio.run(_run(config, on_step))
+MakeTrainer = Callable[[TrainerConfig], GRPOTrainer]
+"""Builds the trainer from its config: `GRPOTrainer`, or a subclass of it."""
 
 
-async def _run(config: LoopConfig, on_step: Callable[[StepReport], None] | None) -> LoopResult:
+def run_loop(
+    config: LoopConfig,
+    on_step: Callable[[StepReport], None] | None = None,
+    *,
+    make_trainer: MakeTrainer = GRPOTrainer,
+) -> LoopResult:
+    return asyncio.run(_run(config, on_step, make_trainer))
+
+
+def run_rank(
+    config: LoopConfig,
+    on_step: Callable[[StepReport], None] | None = None,
+    *,
+    make_trainer: MakeTrainer = GRPOTrainer,
+) -> LoopResult | None:
+    """The loop as one rank of a data-parallel trainer; call it on every rank of the default torch.distributed
+    process group (set up by the caller: torchrun, `init_process_group`) with the same config.
+
+    Rank 0 runs `run_loop`: the rollout workers, the evaluation rounds and its trainer rank, the only one
+    that reads the store, writes the weights and calls the gateway. Every other rank runs only its trainer
+    rank, which trains on its shard of each step in step with rank 0 and reports the whole step's metrics.
+    Returns the loop's result on rank 0, None on the others.
+    """
+    import torch.distributed as dist
+
+    config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, data_parallel=True))
+    if dist.get_rank() == 0:
+        return run_loop(config, on_step, make_trainer=make_trainer)
+    trainer = make_trainer(config.trainer)
+    try:
+        trainer.run(on_step)
+    finally:
+        trainer.close()
+    return None
+
+
+async def _run(
+    config: LoopConfig, on_step: Callable[[StepReport], None] | None, make_trainer: MakeTrainer
+) -> LoopResult:
     loop = asyncio.get_running_loop()
     gateway_url = config.trainer.gateway_url
     run = uuid.uuid4().hex[:8]  # rollout ids of their own, even on a database an earlier run used
     runner = RolloutRunner(gateway_url, config.task, config.runner, name=f"train-{run}")
     evaluator = RolloutRunner(gateway_url, config.task, config.runner, name=f"eval-{run}")
-    trainer = await asyncio.to_thread(GRPOTrainer, config.trainer)
+    trainer = await asyncio.to_thread(make_trainer, config.trainer)
     finished = False
 
     def evaluate() -> None:

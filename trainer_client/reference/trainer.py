@@ -5,6 +5,11 @@ Rollouts keep flowing while it trains: the batch comes from whatever groups are 
 the moment it takes to reload. On CPU the sync goes through the disk: the new weights are written (atomically)
 as the served model directory's safetensors, then every vLLM backend reloads them and is told the new version.
 Claims are leased: a trainer killed mid-step gives its rollouts back when the lease runs out.
+
+With `TrainerConfig(data_parallel=True)` it is one rank of a torch.distributed trainer (see
+`trainer_client.distributed`): rank 0 claims each step and splits it by tokens, every rank trains on its shard
+and the gradients are summed over ranks so that every rank takes the same optimizer step, and rank 0 alone
+writes the weights, talks to the gateway and commits the step once every rank is through.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from transformers import AutoModelForCausalLM
 
 from trainer_client.batch import Batch
 from trainer_client.client import TrainerClient
+from trainer_client.distributed import DistributedClaims, Shard, sum_gradients
 from trainer_client.groups import SampleOptions
 from trainer_client.loss import grpo_loss
 from trainer_client.sync import GatewayAdmin
@@ -55,6 +61,10 @@ class TrainerConfig:
     seed: int = 0
     torch_threads: int | None = None
     """Threads for the trainer's torch (default: torch's choice); 1 leaves a small machine to vLLM."""
+    data_parallel: bool = False
+    """Run as one rank of the default torch.distributed process group (which the caller set up: torchrun,
+    `init_process_group`), every rank with the same config. Only rank 0 reads the store, writes the weights
+    and calls the gateway."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +84,16 @@ class StepReport:
     wait_s: float
     train_s: float
     sync_s: float
+    shard_tokens: tuple[int, ...] = ()
+    """Data parallel: the tokens of each rank's shard, by rank (empty on one process)."""
 
     def line(self) -> str:
+        ranks = f"  ranks {'/'.join(map(str, self.shard_tokens))} tokens" if self.shard_tokens else ""
         return (
             f"step {self.step:>3}  v{self.version:<3} reward {self.reward_mean:.4f}  loss {self.loss:+.4f}  "
             f"kl {self.approx_kl:.5f}  clip {self.clip_fraction:.3f}  {self.rollouts} rollouts "
             f"{self.loss_tokens} tokens  {self.tokens_per_s:,.0f} tok/s  stale {self.skipped_stale}  "
-            f"wait {self.wait_s:.1f}s train {self.train_s:.2f}s sync {self.sync_s:.2f}s"
+            f"wait {self.wait_s:.1f}s train {self.train_s:.2f}s sync {self.sync_s:.2f}s{ranks}"
         )
 
 
@@ -93,9 +106,28 @@ class GRPOTrainer:
         self.model = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.float32)
         self.model.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate)
-        self.client = TrainerClient(config.db)
-        self.admin = GatewayAdmin(config.gateway_url, config.admin_token)
-        self.version = int(self.admin.state()["policy_version"])
+        self.rank = _default_rank() if config.data_parallel else 0
+        self._client = TrainerClient(config.db) if self.rank == 0 else None
+        self._admin = GatewayAdmin(config.gateway_url, config.admin_token) if self.rank == 0 else None
+        self.version = int(self.admin.state()["policy_version"]) if self.rank == 0 else 0
+        self.claims: DistributedClaims | None = None
+        if config.data_parallel:
+            self.claims = DistributedClaims(self._client, config.trainer_id, lease=config.lease)
+            self.version = _start_like_rank_0(self.model, self.version)
+
+    @property
+    def client(self) -> TrainerClient:
+        """The store's client: rank 0's alone."""
+        if self._client is None:
+            raise RuntimeError(f"rank {self.rank} does not read the store: rank 0 does")
+        return self._client
+
+    @property
+    def admin(self) -> GatewayAdmin:
+        """The gateway's admin API: rank 0's alone."""
+        if self._admin is None:
+            raise RuntimeError(f"rank {self.rank} does not call the gateway: rank 0 does")
+        return self._admin
 
     def run(
         self, on_step: Callable[[StepReport], None] | None = None, alive: Callable[[], bool] = lambda: True
@@ -112,6 +144,8 @@ class GRPOTrainer:
         return reports
 
     def step(self, step: int, alive: Callable[[], bool] = lambda: True) -> StepReport:
+        if self.claims is not None:
+            return self._data_parallel_step(self.claims, step, alive)
         config = self.config
         started = time.monotonic()
         batch = self.claim(step, alive)
@@ -121,14 +155,7 @@ class GRPOTrainer:
         self.client.renew(config.trainer_id, step, config.lease)
         self.sync(self.version + 1)
         kept = self.client.commit(config.trainer_id, step)
-        if kept < len(batch.rollout_ids):
-            log.warning(
-                "step %d: %d of %d rollouts were taken by another trainer after their lease ran out "
-                "(raise the lease above a step's time)",
-                step,
-                len(batch.rollout_ids) - kept,
-                len(batch.rollout_ids),
-            )
+        _warn_if_taken(step, kept, len(batch.rollout_ids))
         synced = time.monotonic()
         train_s = trained - started - waited
         tokens = int(metrics.pop("loss_tokens"))
@@ -147,6 +174,45 @@ class GRPOTrainer:
             wait_s=waited,
             train_s=train_s,
             sync_s=synced - trained,
+        )
+
+    def _data_parallel_step(
+        self, claims: DistributedClaims, step: int, alive: Callable[[], bool]
+    ) -> StepReport:
+        """The step as one rank: rank 0 claims (waiting for `groups_per_step` groups), every rank trains on
+        its shard, rank 0 syncs the weights; leaving the block commits the claim once every rank is done."""
+        config = self.config
+        started = time.monotonic()
+        with claims.step(step, claim=lambda: self.claim(step, alive)) as shard:
+            waited = time.monotonic() - started
+            metrics = self.train_shard(shard)
+            trained = time.monotonic()
+            if self.rank == 0:
+                self.client.renew(config.trainer_id, step, config.lease)
+                self.sync(self.version + 1)
+        if self.rank != 0:
+            self.version += 1  # rank 0 synced it: the step committed
+        if self.rank == 0:
+            _warn_if_taken(step, shard.kept or 0, int(shard.metrics["rollouts"]))
+        synced = time.monotonic()
+        train_s = trained - started - waited
+        tokens = int(metrics.pop("loss_tokens"))
+        return StepReport(
+            step=step,
+            version=self.version,
+            rollouts=int(shard.metrics["rollouts"]),
+            samples=shard.samples,
+            reward_mean=shard.metrics["reward_mean"],
+            loss=metrics["loss"],
+            approx_kl=metrics["approx_kl"],
+            clip_fraction=metrics["clip_fraction"],
+            loss_tokens=tokens,
+            tokens_per_s=tokens / max(train_s, 1e-9),
+            skipped_stale=shard.counts.get("skipped_stale", 0),
+            wait_s=waited,
+            train_s=train_s,
+            sync_s=synced - trained,
+            shard_tokens=tuple(shard.shard_tokens),
         )
 
     def claim(self, step: int, alive: Callable[[], bool] = lambda: True) -> Batch:
@@ -202,6 +268,46 @@ class GRPOTrainer:
         self.optimizer.step()
         return {**metrics, "loss": float(loss.detach()), "loss_tokens": float(tensors["loss_mask"].sum())}
 
+    def train_shard(self, shard: Shard) -> dict[str, float]:
+        """One optimizer step on this rank's shard, the same step on every rank.
+
+        Each rank weights its token-mean loss by its share of the step's loss tokens and the gradients are
+        summed over ranks, so every rank applies the gradient one process would compute on the whole batch
+        (`train_on`), whatever the split; the clipped, summed gradients are the same on every rank, and so
+        are the weights after the step. A rank with an empty shard runs no model but joins the sums with
+        zeros. The metrics come back summed over ranks too: those of the whole step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(3, dtype=torch.float64)  # loss, approx_kl and clip_fraction weighted by tokens
+        if shard.batch.samples:
+            tensors = shard.batch.padded()
+            logprobs = token_logprobs(self.model, tensors["input_ids"], tensors["attention_mask"])
+            loss, metrics = grpo_loss(
+                logprobs,
+                tensors["old_logprobs"],
+                tensors["advantages"],
+                tensors["loss_mask"],
+                clip_low=self.config.clip,
+                clip_high=self.config.clip,
+            )
+            weighted = loss * shard.token_share
+            weighted.backward()  # type: ignore[no-untyped-call]
+            tokens = float(tensors["loss_mask"].sum())
+            sums = torch.tensor(
+                [float(weighted.detach()), metrics["approx_kl"] * tokens, metrics["clip_fraction"] * tokens],
+                dtype=torch.float64,
+            )
+        sum_gradients(self.model.parameters())
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        loss_sum, kl_sum, clip_sum = _sum_over_ranks(sums).tolist()
+        total = max(shard.loss_tokens, 1)
+        return {
+            "loss": loss_sum,
+            "approx_kl": kl_sum / total,
+            "clip_fraction": clip_sum / total,
+            "loss_tokens": float(shard.loss_tokens),
+        }
+
     def sync(self, version: int) -> None:
         """Write the weights where vLLM reads them, have every backend reload them, then take the version."""
         with self.admin.weight_sync(str(version), mode=self.config.sync_mode):
@@ -210,8 +316,10 @@ class GRPOTrainer:
         self.version = version
 
     def close(self) -> None:
-        self.client.close()
-        self.admin.close()
+        if self._client is not None:
+            self._client.close()
+        if self._admin is not None:
+            self._admin.close()
 
 
 def token_logprobs(
@@ -231,3 +339,40 @@ def save_weights(model: torch.nn.Module, model_dir: Path) -> None:
     partial = target.with_suffix(".safetensors.partial")
     save_file(state, str(partial), metadata={"format": "pt"})
     os.replace(partial, target)
+
+
+def _warn_if_taken(step: int, kept: int, rollouts: int) -> None:
+    if kept < rollouts:
+        log.warning(
+            "step %d: %d of %d rollouts were taken by another trainer after their lease ran out "
+            "(raise the lease above a step's time)",
+            step,
+            rollouts - kept,
+            rollouts,
+        )
+
+
+def _default_rank() -> int:
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("data_parallel needs torch.distributed initialised first (init_process_group)")
+    return dist.get_rank()
+
+
+def _start_like_rank_0(model: torch.nn.Module, version: int) -> int:
+    """Every rank starts from rank 0's weights and policy version (the only rank that asked the gateway)."""
+    import torch.distributed as dist
+
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, src=0)
+    versions: list[int] = [version]
+    dist.broadcast_object_list(versions, src=0)
+    return versions[0]
+
+
+def _sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    dist.all_reduce(values)
+    return values
