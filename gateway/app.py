@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from gateway.control.router import health_router
 from gateway.control.router import router as control_router
 from gateway.encoding import JsonResponse
 from gateway.errors import install_error_handlers
+from gateway.fleet.discovery import BackendFile
 from gateway.metrics import Metrics
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.router import router as openai_router
@@ -50,6 +52,12 @@ def create_app(
         app.state.gateway = state = gateway_state(
             settings, store or Store(settings.db), backends or backend_pool(settings)
         )
+        if own_backends:
+            state.backends.pin_store = state.store.pin
+            discovery = BackendFile(settings.backend_file) if settings.backend_file else None
+            monitor = asyncio.create_task(
+                state.backends.monitor(settings.health_interval, discovery.changed if discovery else None)
+            )
         for url in state.backends.urls:
             capable = await state.backends.probe_scale_out(url)
             if capable is None:
@@ -64,13 +72,14 @@ def create_app(
             "gateway %s: store %s, backends %s",
             __version__,
             display_url(settings.db),
-            ", ".join(settings.backend),
+            ", ".join(state.backends.urls),
         )
         warn_if_exposed(settings)
         try:
             yield
         finally:
             if own_backends:
+                monitor.cancel()
                 await state.backends.close()
             if own_store:
                 state.store.close()
@@ -97,8 +106,9 @@ def create_app(
 
 
 def backend_pool(settings: Settings) -> BackendPool:
+    urls = BackendFile(settings.backend_file).read() if settings.backend_file else settings.backend
     return BackendPool(
-        settings.backend,
+        urls,
         timeout=settings.backend_timeout,
         connect_timeout=settings.connect_timeout,
         max_connections=settings.max_connections,

@@ -1,4 +1,5 @@
-"""The vLLM servers behind the gateway: one pooled aiohttp session, rollouts pinned to a server.
+"""The vLLM servers behind the gateway: one pooled aiohttp session, the fleet's state (`gateway.fleet`), and
+each rollout pinned to one server, in the store, so that every replica routes it alike.
 
 aiohttp rather than httpx on this path: it costs a fraction of httpx's per-request overhead (measured in
 bench/gateway_overhead.py).
@@ -6,12 +7,18 @@ bench/gateway_overhead.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import zlib
-from collections.abc import AsyncIterator
-from typing import Any
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
+from functools import partial
+from typing import Any, NamedTuple
 
 import aiohttp
+
+from gateway.fleet.routing import choose, usable
+from gateway.fleet.servers import Server
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +35,19 @@ class BackendFailure(Exception):
     """No answer from the backends: `kind` is timeout, unreachable or failed (`gateway.errors` maps it to
     HTTP)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, url: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.url = url
+        """The server that failed, when one was reached."""
 
 
 class BackendReply:
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, on_done: Callable[[], None] = lambda: None) -> None:
         self._response = response
         self.status = response.status
+        self._on_done: Callable[[], None] | None = on_done
 
     async def body(self) -> bytes:
         try:
@@ -46,6 +56,7 @@ class BackendReply:
             raise BackendStreamError(f"backend reply broke off: {exc!r}") from exc
         finally:
             self._response.release()
+            self._done()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
@@ -53,10 +64,34 @@ class BackendReply:
                 yield chunk
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise BackendStreamError(f"backend stream broke off: {exc!r}") from exc
+        finally:
+            self._done()
 
     def close(self) -> None:
         """Drop the connection if the reply was not read to the end (vLLM then aborts the request)."""
         self._response.close()
+        self._done()
+
+    def _done(self) -> None:
+        """The call no longer loads its server (counted once)."""
+        done, self._on_done = self._on_done, None
+        if done is not None:
+            done()
+
+
+class Routed(NamedTuple):
+    url: str
+    reply: BackendReply
+    repinned_from: str | None
+    """The server the rollout was moved off for this call (failed, drained away or removed), if any."""
+
+
+PinStore = Callable[[str, str, Collection[str]], Awaitable[tuple[str, str | None]]]
+"""(rollout id, candidate server, servers that can keep a rollout) -> (its server, the one it left): the
+store's compare-and-set of pins (`Store.pin`)."""
+
+_PINS_KEPT = 100_000
+"""Pins remembered in memory (the store holds them all)."""
 
 
 class BackendPool:
@@ -68,12 +103,18 @@ class BackendPool:
         connect_timeout: float,
         max_connections: int,
         api_key: str | None = None,
+        eject_after: int = 2,
     ) -> None:
         if not urls:
             raise ValueError("at least one backend URL is required")
-        self.urls = urls
-        self.scale_out: dict[str, bool] = {}
-        """Whether each backend serves vLLM's token-in/token-out endpoints (once known)."""
+        self.servers: dict[str, Server] = {}
+        for url in urls:
+            self.add(url)
+        self.eject_after = eject_after
+        """Failed health checks in a row before a server takes no more calls."""
+        self.pin_store: PinStore | None = None
+        """Set by the app to share pins through the store; without it pins live in this process only."""
+        self._pins: OrderedDict[str, str] = OrderedDict()
         self._session = aiohttp.ClientSession(
             # Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are
             # reused.
@@ -83,32 +124,134 @@ class BackendPool:
             headers={"authorization": f"Bearer {api_key}"} if api_key else None,
         )
 
-    def order(self, rollout_id: str) -> list[str]:
-        """Backends to try for a rollout: its own first (keeps its prefix cache warm), then the others."""
-        start = zlib.crc32(rollout_id.encode()) % len(self.urls)
-        return self.urls[start:] + self.urls[:start]
+    @property
+    def urls(self) -> list[str]:
+        return list(self.servers)
 
-    async def send(self, rollout_id: str, path: str, body: bytes) -> tuple[str, BackendReply]:
-        """POST to the rollout's backend, failing over only when a connection could not be made.
+    # -- the fleet ------------------------------------------------------------------------------------------
 
-        Raises BackendFailure: unreachable when no backend accepts a connection, timeout, or failed.
+    def add(self, url: str) -> Server:
+        """A server joins (or, draining, takes new rollouts again)."""
+        url = url.rstrip("/")
+        server = self.servers.get(url)
+        if server is None:
+            server = self.servers[url] = Server(url, added_at=time.time())
+            log.info("backend %s added", url)
+        server.draining = False
+        return server
+
+    def drain(self, url: str) -> Server:
+        """No new rollouts go to the server; those pinned to it finish there."""
+        server = self._known(url)
+        server.draining = True
+        log.info(
+            "backend %s draining: %d rollouts pinned, %d calls in flight",
+            url,
+            server.pinned,
+            server.in_flight,
+        )
+        return server
+
+    def remove(self, url: str) -> Server:
+        """The server leaves: its rollouts move to others on their next call (calls in flight finish)."""
+        server = self._known(url)
+        if len(self.servers) == 1:
+            raise ValueError(f"{url} is the only backend: add another before removing it")
+        del self.servers[server.url]
+        log.info("backend %s removed", url)
+        return server
+
+    def _known(self, url: str) -> Server:
+        server = self.servers.get(url.rstrip("/"))
+        if server is None:
+            raise KeyError(url)
+        return server
+
+    # -- routing --------------------------------------------------------------------------------------------
+
+    async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
+        """The rollout's server: its pin while that server can serve, else a new one (pinned in the store)."""
+        pinned = self._pins.get(rollout_id)
+        server = self.servers.get(pinned) if pinned is not None else None
+        if server is not None and usable(server, model):
+            self._pins.move_to_end(rollout_id)
+            return server, None
+        candidate = choose(self.servers.values(), rollout_id, model)
+        if candidate is None:
+            raise BackendFailure("unreachable", _none_for(model, self.servers.values()))
+        keep = [s.url for s in self.servers.values() if usable(s, model)]
+        if self.pin_store is not None:
+            url, left = await self.pin_store(rollout_id, candidate.url, keep)
+        else:
+            url, left = candidate.url, pinned
+        server = self.servers.get(url, candidate)
+        self._remember(rollout_id, server.url)
+        return server, left if left != server.url else None
+
+    def _remember(self, rollout_id: str, url: str) -> None:
+        previous = self._pins.get(rollout_id)
+        if previous == url:
+            return
+        if previous is not None and previous in self.servers:
+            self.servers[previous].pinned -= 1
+        self.servers[url].pinned += 1
+        self._pins[rollout_id] = url
+        if len(self._pins) > _PINS_KEPT:
+            _, oldest = self._pins.popitem(last=False)
+            if oldest in self.servers:
+                self.servers[oldest].pinned -= 1
+
+    def forget(self, rollout_id: str) -> None:
+        """The rollout is over: it no longer counts on its server."""
+        url = self._pins.pop(rollout_id, None)
+        if url is not None and url in self.servers:
+            self.servers[url].pinned -= 1
+
+    async def send(self, rollout_id: str, path: str, body: bytes, model: str | None = None) -> Routed:
+        """POST to the rollout's server; a server that refuses the connection is ejected and the rollout moves
+        to another one (the request never reached it).
+
+        Raises BackendFailure: unreachable when no server accepts a connection, timeout, or failed.
         """
+        moved_from: str | None = None
         last_error: Exception | None = None
-        for url in self.order(rollout_id):
+        for _ in range(len(self.servers)):
+            server, left = await self.route(rollout_id, model)
+            moved_from = moved_from or left
+            started = time.monotonic()
+            server.in_flight += 1
+            server.requests += 1
             try:
                 response = await self._post(
-                    url + path, data=body, headers={"content-type": "application/json"}
+                    server.url + path, data=body, headers={"content-type": "application/json"}
                 )
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                last_error = exc
+                self._failed(server, exc)
+                self._eject(server, f"connection failed: {exc!r}")
+                last_error, moved_from = exc, moved_from or server.url
                 continue
             except TimeoutError as exc:
-                raise BackendFailure("timeout", f"backend {url} timed out") from exc
+                self._failed(server, exc)
+                raise BackendFailure("timeout", f"backend {server.url} timed out", server.url) from exc
             except aiohttp.ClientError as exc:
-                raise BackendFailure("failed", f"backend {url} failed: {exc!r}") from exc
-            return url, BackendReply(response)
-        message = f"no backend reachable ({', '.join(self.urls)}): {last_error!r}"
+                self._failed(server, exc)
+                raise BackendFailure("failed", f"backend {server.url} failed: {exc!r}", server.url) from exc
+            server.took(time.monotonic() - started)
+            if response.status >= 500:
+                server.errors += 1
+            return Routed(server.url, BackendReply(response, partial(_left, server)), moved_from)
+        message = f"no backend reachable ({', '.join(self.servers)}): {last_error!r}"
         raise BackendFailure("unreachable", message) from last_error
+
+    def _failed(self, server: Server, exc: Exception) -> None:
+        server.in_flight -= 1
+        server.errors += 1
+
+    def _eject(self, server: Server, why: str) -> None:
+        if server.healthy:
+            log.warning("backend %s ejected: %s", server.url, why)
+        server.healthy = False
+        server.failed_checks = max(server.failed_checks, self.eject_after)
 
     async def _post(self, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
         """POST, once more if the server closed the connection before answering or before the body was
@@ -123,48 +266,138 @@ class BackendPool:
                 raise
             return await self._session.post(url, **kwargs)
 
+    # -- what the servers can do ----------------------------------------------------------------------------
+
     async def probe_scale_out(self, url: str) -> bool | None:
         """Ask a backend for a render: 200 means exact mode works there; None if it cannot be reached."""
         body = {"messages": [{"role": "user", "content": "ping"}]}
         try:
             async with self._session.post(url + "/v1/chat/completions/render", json=body) as response:
-                self.scale_out[url] = response.status == 200
+                capable = response.status == 200
         except (TimeoutError, aiohttp.ClientError):
             return None
-        return self.scale_out[url]
+        if url in self.servers:
+            self.servers[url].scale_out = capable
+        return capable
 
-    async def exact_capable(self, rollout_id: str) -> bool:
-        url = self.order(rollout_id)[0]
-        known = self.scale_out.get(url)
+    async def exact_capable(self, rollout_id: str, model: str | None = None) -> bool:
+        server, _ = await self.route(rollout_id, model)
+        known = server.scale_out
         if known is None:
-            known = await self.probe_scale_out(url)
+            known = await self.probe_scale_out(server.url)
             if known is False:
-                log.warning("backend %s lacks --enable-scale-out: exact-mode turns run in pass-through", url)
+                log.warning(
+                    "backend %s lacks --enable-scale-out: exact-mode turns run in pass-through", server.url
+                )
         return bool(known)
 
     async def call_all(self, path: str, *, params: dict[str, str] | None = None, json: object = None) -> None:
-        """POST to every backend (pause, resume, weight version); 502 names the ones that failed."""
+        """POST to every healthy backend (pause, resume, weight version); 502 names the ones that failed."""
         failures = []
-        for url in self.urls:
+        for server in list(self.servers.values()):
+            if not server.healthy:
+                continue
             try:
-                response = await self._post(url + path, params=params, json=json)
+                response = await self._post(server.url + path, params=params, json=json)
                 async with response:
                     if response.status != 200:
-                        failures.append(f"{url}: HTTP {response.status} {(await response.text())[:200]}")
+                        failures.append(
+                            f"{server.url}: HTTP {response.status} {(await response.text())[:200]}"
+                        )
             except (TimeoutError, aiohttp.ClientError) as exc:
-                failures.append(f"{url}: {exc!r}")
+                failures.append(f"{server.url}: {exc!r}")
         if failures:
             raise BackendFailure("failed", f"{path} failed on " + "; ".join(failures))
 
     async def get(self, path: str) -> tuple[int, bytes]:
         last_error: Exception | None = None
-        for url in self.urls:
+        for server in sorted(self.servers.values(), key=lambda s: not s.healthy):
             try:
-                async with self._session.get(url + path) as response:
+                async with self._session.get(server.url + path) as response:
                     return response.status, await response.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
                 last_error = exc
         raise BackendFailure("unreachable", f"no backend reachable: {last_error!r}") from last_error
 
+    async def check(self, server: Server) -> None:
+        """One health check: /health, then (when it passes) the served models and prefix-cache hit rate."""
+        try:
+            async with self._session.get(server.url + "/health", timeout=_CHECK_TIMEOUT) as response:
+                ok = response.status == 200
+            if ok:
+                server.models = await self._models(server)
+                server.prefix_cache_hit_rate = await self._prefix_hit_rate(server)
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            ok = False
+        if ok:
+            if not server.healthy:
+                log.info("backend %s healthy again: re-admitted", server.url)
+            server.healthy, server.failed_checks = True, 0
+            return
+        server.failed_checks += 1
+        if server.failed_checks >= self.eject_after:
+            self._eject(server, f"{server.failed_checks} health checks failed")
+
+    async def _models(self, server: Server) -> frozenset[str]:
+        async with self._session.get(server.url + "/v1/models", timeout=_CHECK_TIMEOUT) as response:
+            listed = (await response.json()).get("data") or ()
+        return frozenset(str(m.get("id")) for m in listed if isinstance(m, dict))
+
+    async def _prefix_hit_rate(self, server: Server) -> float | None:
+        async with self._session.get(server.url + "/metrics", timeout=_CHECK_TIMEOUT) as response:
+            if response.status != 200:
+                return None
+            text = await response.text()
+        return prefix_hit_rate(text.splitlines())
+
+    async def monitor(
+        self, interval: float, discovery: Callable[[], Iterable[str] | None] | None = None
+    ) -> None:
+        """Check every server each `interval` seconds (and re-read the discovery file), until cancelled."""
+        while True:
+            if discovery is not None:
+                self.discovered(discovery())
+            await asyncio.gather(*(self.check(server) for server in list(self.servers.values())))
+            await asyncio.sleep(interval)
+
+    def discovered(self, urls: Iterable[str] | None) -> None:
+        """The servers a discovery file lists now (None: unchanged): new ones join, missing ones leave."""
+        if urls is None:
+            return
+        wanted = [url.rstrip("/") for url in urls]
+        for url in wanted:
+            if url not in self.servers:
+                self.add(url)
+        for url in list(self.servers):
+            if url not in wanted and len(self.servers) > 1:
+                self.remove(url)
+
     async def close(self) -> None:
         await self._session.close()
+
+
+_CHECK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+
+
+def _left(server: Server) -> None:
+    server.in_flight -= 1
+
+
+def _none_for(model: str | None, servers: Iterable[Server]) -> str:
+    listed = ", ".join(
+        f"{s.url} ({'draining' if s.draining else 'healthy' if s.healthy else 'ejected'})" for s in servers
+    )
+    return f"no healthy backend takes new rollouts for model {model!r}: {listed}"
+
+
+def prefix_hit_rate(lines: Iterable[str]) -> float | None:
+    """vLLM's prefix-cache hit rate from its Prometheus text: hits over queries (in tokens), summed over its
+    engines; None before any query."""
+    totals = {"hits": 0.0, "queries": 0.0}
+    for line in lines:
+        if line.startswith("vllm:prefix_cache_"):
+            name, _, value = line.rpartition(" ")
+            for kind in totals:
+                if name.startswith(f"vllm:prefix_cache_{kind}_total"):
+                    totals[kind] += float(value)
+    return totals["hits"] / totals["queries"] if totals["queries"] else None

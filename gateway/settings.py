@@ -20,6 +20,17 @@ class Settings(BaseSettings):
         default=["http://127.0.0.1:8000"],
         description="vLLM server base URL; repeat the flag (or comma-separate the variable) for several.",
     )
+    backend_file: str | None = Field(
+        default=None,
+        description="File listing vLLM server URLs, one a line (# starts a comment), instead of --backend; "
+        "re-read when it changes: new servers join, servers no longer listed leave.",
+    )
+    health_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between health checks of each backend (/health, /v1/models, /metrics); two "
+        "failed checks in a row eject a server, one passing check re-admits it.",
+    )
     db: str = Field(default="sqlite:///gateway.db", description="SQLAlchemy URL of the store.")
     host: str = "127.0.0.1"
     port: int = 8100

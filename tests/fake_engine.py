@@ -9,7 +9,8 @@ from typing import Any
 
 import orjson
 
-from gateway.backend import BackendFailure, BackendStreamError
+from gateway.backend import BackendFailure, BackendStreamError, Routed
+from gateway.fleet.servers import Server
 
 URL = "http://fake-engine"
 
@@ -47,6 +48,7 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.urls = [URL]
+        self.servers = {URL: Server(URL)}
         self.exact = False
         """Whether the engine offers vLLM's token-in/token-out endpoints (exact mode)."""
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -55,17 +57,17 @@ class FakeEngine:
     def answer(self, path: str, reply: FakeReply | BackendFailure) -> None:
         self._replies[path].append(reply)
 
-    async def send(self, rollout_id: str, path: str, body: bytes) -> tuple[str, FakeReply]:
+    async def send(self, rollout_id: str, path: str, body: bytes, model: str | None = None) -> Routed:
         self.requests.append((path, orjson.loads(body)))
         reply = self._replies[path].popleft()
         if isinstance(reply, BackendFailure):
             raise reply
-        return URL, reply
+        return Routed(URL, reply, None)  # type: ignore[arg-type]
 
     async def probe_scale_out(self, url: str) -> bool:
         return False
 
-    async def exact_capable(self, rollout_id: str) -> bool:
+    async def exact_capable(self, rollout_id: str, model: str | None = None) -> bool:
         return self.exact
 
     async def call_all(self, path: str, **_: Any) -> None:

@@ -22,10 +22,35 @@ class PolicyVersionRequest(RequestModel):
     version: Annotated[str, Field(min_length=1, max_length=64)]
 
 
+class BackendRequest(RequestModel):
+    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+", max_length=256)]
+    """A vLLM server's base URL, as --backend takes it."""
+
+
+class BackendView(BaseModel):
+    """A vLLM server as the gateway sees it."""
+
+    url: str
+    healthy: bool
+    """False once health checks failed twice in a row or a connection could not be made: it takes no calls."""
+    draining: bool
+    """Takes no new rollouts; those pinned to it finish there."""
+    in_flight: int
+    pinned: int
+    """Rollouts this gateway routes to it."""
+    models: list[str]
+    requests: int
+    errors: int
+    latency_ms: float | None
+    """Time to the reply's headers, smoothed over recent calls."""
+    prefix_cache_hit_rate: float | None
+    """The server's own prefix-cache hit rate (its /metrics), since it started."""
+
+
 class AdminState(BaseModel):
     paused: bool
     in_flight: int
     waiting: int
     """Agent calls held by the pause."""
     policy_version: str
-    backends: list[str]
+    backends: list[BackendView]

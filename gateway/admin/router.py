@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
 from gateway.admin import service
-from gateway.admin.protocol import AdminState, PauseRequest, PolicyVersionRequest
+from gateway.admin.protocol import AdminState, BackendRequest, PauseRequest, PolicyVersionRequest
 from gateway.auth import require_admin
 from gateway.errors import error_responses
 from gateway.state import GatewayState
@@ -41,3 +41,23 @@ async def reload_weights(state: GatewayState = Depends(require_admin)) -> AdminS
 @router.get("/state", response_model=AdminState)
 async def admin_state(state: GatewayState = Depends(require_admin)) -> AdminState:
     return service.admin_state(state)
+
+
+@router.post("/backends", response_model=AdminState, responses=error_responses(400, 422))
+async def add_backend(body: BackendRequest, state: GatewayState = Depends(require_admin)) -> AdminState:
+    """Add a vLLM server (or take a draining one back): it takes new rollouts once its health check passes."""
+    return await service.add_backend(state, body.url)
+
+
+@router.post("/backends/drain", response_model=AdminState, responses=error_responses(400, 404, 409, 422))
+async def drain_backend(body: BackendRequest, state: GatewayState = Depends(require_admin)) -> AdminState:
+    """No new rollouts go to the server; the rollouts pinned to it finish there."""
+    return service.drain_backend(state, body.url)
+
+
+@router.delete("/backends", response_model=AdminState, responses=error_responses(400, 404, 409, 422))
+async def remove_backend(
+    url: str = Query(description="The server's base URL."), state: GatewayState = Depends(require_admin)
+) -> AdminState:
+    """Remove a server: calls in flight there finish; its rollouts move to others on their next call."""
+    return service.remove_backend(state, url)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from gateway.admin.protocol import AdminState
+from gateway.admin.protocol import AdminState, BackendView
 from gateway.errors import ApiError
 from gateway.state import GatewayState
 
@@ -20,7 +21,7 @@ def admin_state(state: GatewayState) -> AdminState:
         in_flight=state.traffic.in_flight,
         waiting=state.traffic.waiting,
         policy_version=state.recorder.policy_version,
-        backends=state.backends.urls,
+        backends=[BackendView.model_validate(server.view()) for server in state.backends.servers.values()],
     )
 
 
@@ -60,3 +61,29 @@ async def reload_weights(state: GatewayState) -> AdminState:
     await state.backends.call_all("/collective_rpc", json={"method": "reload_weights"})
     log.info("backends reloaded their weights")
     return admin_state(state)
+
+
+async def add_backend(state: GatewayState, url: str) -> AdminState:
+    """A server joins the fleet, checked at once (health, models) so that it takes rollouts if it is up."""
+    await state.backends.check(state.backends.add(url))
+    return admin_state(state)
+
+
+def drain_backend(state: GatewayState, url: str) -> AdminState:
+    _known(state, url, state.backends.drain)
+    return admin_state(state)
+
+
+def remove_backend(state: GatewayState, url: str) -> AdminState:
+    _known(state, url, state.backends.remove)
+    return admin_state(state)
+
+
+def _known(state: GatewayState, url: str, change: Callable[[str], object]) -> None:
+    try:
+        change(url)
+    except KeyError:
+        known = ", ".join(state.backends.urls)
+        raise ApiError(404, f"no backend {url!r} (the gateway's: {known})", "backend_not_found") from None
+    except ValueError as exc:
+        raise ApiError(409, str(exc), "last_backend") from None

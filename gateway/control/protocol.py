@@ -114,6 +114,8 @@ class TurnView(BaseModel):
     model: str | None
     stream: bool
     backend: str | None
+    repinned_from: str | None
+    """The server the rollout was moved off for this call (it failed, was drained away or removed)."""
     policy_version: str | None
     policy_version_end: str | None
     weight_versions: list[dict[str, Any]] | None
@@ -170,6 +172,8 @@ class RolloutView(BaseModel):
     limits: RolloutLimits | None
     sampling: dict[str, Any] | None
     """Sampling fields imposed on the rollout's calls (the gateway's --sampling fills the others)."""
+    backend: str | None
+    """The vLLM server the rollout's calls go to (pinned on its first call)."""
     end_reason: str | None
     """The limit that stopped the rollout's agent, if one did."""
     turns: list[TurnView]

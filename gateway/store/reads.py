@@ -21,6 +21,7 @@ _TURN_FIELDS = (
     "model",
     "stream",
     "backend",
+    "repinned_from",
     "policy_version",
     "policy_version_end",
     "weight_versions",
@@ -150,6 +151,7 @@ def get_rollout(
         "tags": row["tags"],
         "limits": row["limits"],
         "sampling": row["sampling"],
+        "backend": row["backend"],
         "end_reason": row["end_reason"],
         "turns": turns,
     }

@@ -36,6 +36,8 @@ class TurnRecord:
     error: str | None = None
     http_status: int | None = None
     backend: str | None = None
+    repinned_from: str | None = None
+    """The server the rollout was moved off for this call (it failed, was drained away or removed)."""
     content: str | None = None
     reasoning: str | None = None
     tool_calls: list[Any] | None = None

@@ -92,6 +92,8 @@ rollouts = Table(
     Column("limits", Json),
     # Sampling fields imposed on every call of the rollout (trainer-controlled sampling); null: the gateway's.
     Column("sampling", Json),
+    # The vLLM server the rollout's calls go to, chosen on its first call (every replica routes there).
+    Column("backend", String(256)),
     # Why the gateway stopped serving the rollout's agent (a limit: max_turns, max_context_tokens).
     Column("end_reason", String(32)),
     Index("ix_rollouts_group_id", "group_id"),
@@ -112,6 +114,8 @@ turns = Table(
     Column("error", SafeText),
     Column("http_status", Integer),
     Column("backend", String(256)),
+    # The server the rollout was moved off for this turn (it failed, was drained or removed); null otherwise.
+    Column("repinned_from", String(256)),
     Column("policy_version", String(64)),
     Column("policy_version_end", String(64)),
     Column("weight_versions", Json),

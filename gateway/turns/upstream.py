@@ -19,8 +19,11 @@ async def send(
     """POST to the rollout's backend; an answer other than 200 is raised as the agent's error."""
     record = capture.record
     try:
-        record.backend, reply = await backends.send(record.rollout_id, path or capture.path, dumps(body))
+        routed = await backends.send(record.rollout_id, path or capture.path, dumps(body), record.model)
+        record.backend, reply = routed.url, routed.reply
+        record.repinned_from = record.repinned_from or routed.repinned_from
     except BackendFailure as exc:
+        record.backend = exc.url or record.backend
         raise backend_failure(exc) from None
     if reply.status != 200:
         try:

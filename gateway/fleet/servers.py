@@ -1,0 +1,51 @@
+"""What the gateway knows of each vLLM server: health, the models it serves, its load and its record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Server:
+    url: str
+    healthy: bool = True
+    """False once health checks failed `eject_after` times in a row, or a connection could not be made;
+    true again after one passing check."""
+    draining: bool = False
+    """Takes no new rollout; the rollouts pinned to it finish there."""
+    models: frozenset[str] = frozenset()
+    """Model names from its /v1/models (empty until known)."""
+    in_flight: int = 0
+    pinned: int = 0
+    """Rollouts this gateway has pinned to it."""
+    failed_checks: int = 0
+    requests: int = 0
+    errors: int = 0
+    latency_ewma: float | None = None
+    """Seconds to the reply's headers, smoothed over recent calls."""
+    prefix_cache_hit_rate: float | None = None
+    """From the server's own /metrics: prefix-cache hits over queries, since it started."""
+    scale_out: bool | None = None
+    """Whether it serves vLLM's token-in/token-out endpoints (exact mode), once known."""
+    added_at: float = field(default=0.0)
+
+    def serves(self, model: str | None) -> bool:
+        """Unknown models (or none yet listed) go anywhere: the server's own answer is the agent's."""
+        return model is None or not self.models or model in self.models
+
+    def took(self, seconds: float) -> None:
+        self.latency_ewma = seconds if self.latency_ewma is None else 0.8 * self.latency_ewma + 0.2 * seconds
+
+    def view(self) -> dict[str, object]:
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "draining": self.draining,
+            "in_flight": self.in_flight,
+            "pinned": self.pinned,
+            "models": sorted(self.models),
+            "requests": self.requests,
+            "errors": self.errors,
+            "latency_ms": round(self.latency_ewma * 1000, 2) if self.latency_ewma is not None else None,
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+        }

