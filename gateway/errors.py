@@ -186,7 +186,8 @@ _ROUTES_HELP = (
     "POST messages/count_tokens, POST responses, GET responses/{id}, GET models; "
     "control API: POST /rollouts, POST /rollouts/{id}/reward, POST /rollouts/{id}/finish, "
     "GET /rollouts/{id}; "
-    "admin API: /admin/pause, /admin/resume, /admin/policy_version, /admin/reload_weights, GET /admin/state; "
+    "admin API: /admin/pause, /admin/resume, /admin/policy_version, /admin/reload_weights, /admin/backends, "
+    "/admin/backends/drain, GET /admin/state; "
     "GET /healthz, /metrics, /openapi.json, /docs"
 )
 
