@@ -324,12 +324,14 @@ class BackendPool:
         try:
             async with self._session.get(server.url + "/health", timeout=_CHECK_TIMEOUT) as response:
                 ok = response.status == 200
-            if ok:
-                server.models = await self._models(server)
-                server.prefix_cache_hit_rate = await self._prefix_hit_rate(server)
-        except (TimeoutError, aiohttp.ClientError, ValueError):
+        except (TimeoutError, aiohttp.ClientError):
             ok = False
         if ok:
+            try:  # what it serves and how its cache does: worth knowing, but not a health matter
+                server.models = await self._models(server)
+                server.prefix_cache_hit_rate = await self._prefix_hit_rate(server)
+            except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError) as exc:
+                log.debug("backend %s: no models or metrics (%r)", server.url, exc)
             if not server.healthy:
                 log.info("backend %s healthy again: re-admitted", server.url)
             server.healthy, server.failed_checks = True, 0
