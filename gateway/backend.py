@@ -109,7 +109,7 @@ class BackendPool:
             raise ValueError("at least one backend URL is required")
         self.servers: dict[str, Server] = {}
         for url in urls:
-            self.add(url)
+            self.add(url, healthy=True)
         self.eject_after = eject_after
         """Failed health checks in a row before a server takes no more calls."""
         self.pin_store: PinStore | None = None
@@ -130,12 +130,13 @@ class BackendPool:
 
     # -- the fleet ------------------------------------------------------------------------------------------
 
-    def add(self, url: str) -> Server:
-        """A server joins (or, draining, takes new rollouts again)."""
+    def add(self, url: str, *, healthy: bool = False) -> Server:
+        """A server joins (or, draining, takes new rollouts again). One added at run time takes calls once a
+        health check has passed; the configured ones are taken as healthy from the start."""
         url = url.rstrip("/")
         server = self.servers.get(url)
         if server is None:
-            server = self.servers[url] = Server(url, added_at=time.time())
+            server = self.servers[url] = Server(url, healthy=healthy, added_at=time.time())
             log.info("backend %s added", url)
         server.draining = False
         return server
@@ -324,7 +325,7 @@ class BackendPool:
         try:
             async with self._session.get(server.url + "/health", timeout=_CHECK_TIMEOUT) as response:
                 ok = response.status == 200
-        except (TimeoutError, aiohttp.ClientError):
+        except Exception:  # whatever stops a probe, the server is not serving
             ok = False
         if ok:
             try:  # what it serves and how its cache does: worth knowing, but not a health matter

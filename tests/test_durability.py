@@ -51,7 +51,7 @@ def test_client_leaving_mid_stream_leaves_a_cancelled_turn(long_gateway, rollout
     gateway = long_gateway
     body = {**CHAT, "max_tokens": 30000, "min_tokens": 30000, "stream": True}
     with httpx.stream(
-        "POST", gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60
+        "POST", gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=300
     ) as response:
         received = 0
         for line in response.iter_lines():
