@@ -171,7 +171,10 @@ class BackendPool:
     # -- routing --------------------------------------------------------------------------------------------
 
     async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
-        """The rollout's server: its pin while that server can serve, else a new one (pinned in the store)."""
+        """The rollout's server: its pin while that server can serve, else a new one (pinned in the store). A
+        model no server lists goes where any model goes: the server's own answer (a 404) is the agent's."""
+        if model is not None and not any(model in s.models for s in self.servers.values()):
+            model = None
         pinned = self._pins.get(rollout_id)
         server = self.servers.get(pinned) if pinned is not None else None
         if server is not None and usable(server, model):
