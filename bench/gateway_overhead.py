@@ -1,12 +1,14 @@
 """What the gateway costs per model call: latency and throughput against a vLLM-shaped upstream, direct vs.
 through the gateway (SQLite and PostgreSQL stores), every turn durably committed.
 
-    scripts/dev bench [--seconds 10] [--connections 32]
+    scripts/dev bench [--seconds 10] [--connections 32] [--workers 2]
 
 The upstream (bench/fake_vllm.py) answers instantly with canned bytes of the shape vLLM sends with
 `return_token_ids` and `logprobs` (3.2k prompt ids, 64 sampled ids), so the differences are the gateway's.
-The agent request is a 12.7 KB chat body. Each request goes to a new rollout, so each stores a full prompt.
+The agent request is a 12.7 KB chat body. Each connection calls in rollouts of 20 turns (each turn stores
+its full prompt: the canned ids do not chain), the first call of each creating and pinning its rollout.
 The load generator is a raw-socket HTTP/1.1 client; all three processes share this machine's cores.
+With `--workers N` (N > 1) the PostgreSQL store is also measured behind `gateway serve --workers N`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -68,19 +71,29 @@ class Client:
         return int(status_line.split()[1])
 
 
-def path_for(target: str) -> str:
-    return (
-        "/v1/chat/completions" if target == "direct" else f"/rollouts/{uuid.uuid4().hex}/v1/chat/completions"
-    )
+TURNS_PER_ROLLOUT = 20
+
+
+def paths_for(target: str) -> Iterator[str]:
+    """One connection's request paths: through the gateway, a new rollout every 20 calls."""
+    while True:
+        path = (
+            "/v1/chat/completions"
+            if target == "direct"
+            else f"/rollouts/{uuid.uuid4().hex}/v1/chat/completions"
+        )
+        for _ in range(TURNS_PER_ROLLOUT):
+            yield path
 
 
 async def latency(port: int, target: str, body: bytes, requests: int) -> list[float]:
     client = Client("127.0.0.1", port)
     await client.connect()
     samples = []
+    paths = paths_for(target)
     for i in range(requests + 50):
         started = time.perf_counter()
-        status = await client.post(path_for(target), body)
+        status = await client.post(next(paths), body)
         if status != 200:
             raise RuntimeError(f"HTTP {status}")
         if i >= 50:  # warm-up
@@ -97,8 +110,9 @@ async def throughput(port: int, target: str, body: bytes, connections: int, seco
 
     async def loop(client: Client) -> None:
         nonlocal done
+        paths = paths_for(target)
         while time.perf_counter() < deadline:
-            if await client.post(path_for(target), body) != 200:
+            if await client.post(next(paths), body) != 200:
                 raise RuntimeError("request failed")
             done += 1
 
@@ -138,6 +152,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000, help="sequential requests for the latency run")
     parser.add_argument("--connections", type=int, default=32, help="concurrent connections for throughput")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="also measure PostgreSQL behind `gateway serve --workers N`"
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
@@ -156,33 +173,44 @@ def main() -> int:
         f"agent request {len(agent_body()) / 1024:.1f} KB; {args.requests} sequential requests for latency, "
         f"{args.connections} connections x {args.seconds:.0f} s for throughput\n"
     )
-    print(f"{'target':<24} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'added p50':>10} {'of floor':>9}")
+    print(f"{'target':<31} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'added p50':>10} {'of floor':>9}")
     try:
         floor_p50, floor_p99, floor_rate = measure(upstream_port, "direct", args)
         print(
-            f"{'upstream directly':<24} {floor_p50:>8.2f} {floor_p99:>8.2f} {floor_rate:>8.0f} "
+            f"{'upstream directly':<31} {floor_p50:>8.2f} {floor_p99:>8.2f} {floor_rate:>8.0f} "
             f"{'':>10} {'':>9}"
         )
-        stores = {"gateway, SQLite": f"sqlite:///{work / 'bench.db'}"}
-        schema = f"gw_bench_{uuid.uuid4().hex[:8]}"
+        stores = {"gateway, SQLite": (f"sqlite:///{work / 'bench.db'}", [])}
+        schemas = [f"gw_bench_{uuid.uuid4().hex[:8]}" for _ in range(2 if args.workers > 1 else 1)]
         admin = make_engine(POSTGRES_URL)
         with admin.begin() as conn:
-            conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-        stores["gateway, PostgreSQL"] = f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+            for schema in schemas:
+                conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+        urls = [f"{POSTGRES_URL}?options=-csearch_path%3D{schema}" for schema in schemas]
+        stores["gateway, PostgreSQL"] = (urls[0], [])
+        if args.workers > 1:
+            stores[f"gateway, PostgreSQL, {args.workers} workers"] = (
+                urls[1],
+                ["--workers", str(args.workers)],
+            )
         try:
-            for name, db_url in stores.items():
+            for name, (db_url, extra) in stores.items():
                 with GatewayProcess(
-                    [f"http://127.0.0.1:{upstream_port}"], db_url, log_path=work / "gateway.log"
+                    [f"http://127.0.0.1:{upstream_port}"],
+                    db_url,
+                    log_path=work / "gateway.log",
+                    extra_args=extra,
                 ) as gw:
                     p50, p99, rate = measure(gw.port, "gateway", args)
                 print(
-                    f"{name:<24} {p50:>8.2f} {p99:>8.2f} {rate:>8.0f} {p50 - floor_p50:>+9.2f}  "
+                    f"{name:<31} {p50:>8.2f} {p99:>8.2f} {rate:>8.0f} {p50 - floor_p50:>+9.2f}  "
                     f"{rate / floor_rate:>8.1%}   "
                     f"({stored_bytes_per_turn(db_url) / 1024:.1f} KB of ids per turn)"
                 )
         finally:
             with admin.begin() as conn:
-                conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
+                for schema in schemas:
+                    conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
             admin.dispose()
     finally:
         upstream.stop()

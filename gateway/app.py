@@ -23,7 +23,7 @@ from gateway.fleet.discovery import BackendFile
 from gateway.metrics import Metrics
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.router import router as openai_router
-from gateway.openapi import install_openapi
+from gateway.openapi import install_docs, install_openapi
 from gateway.responses.protocol import ResponsesRequest
 from gateway.responses.router import router as responses_router
 from gateway.settings import Settings
@@ -90,6 +90,8 @@ def create_app(
         description="Records every model call's exact tokens between agents and vLLM.",
         lifespan=lifespan,
         default_response_class=JsonResponse,
+        docs_url=None,  # served with local assets (install_docs)
+        redoc_url=None,
     )
     install_error_handlers(app)
     app.include_router(openai_router)
@@ -102,6 +104,7 @@ def create_app(
         app,
         [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest, ResponsesRequest],
     )
+    install_docs(app)
     return app
 
 
@@ -118,6 +121,7 @@ def backend_pool(settings: Settings) -> BackendPool:
 
 def gateway_state(settings: Settings, store: Store, backends: BackendPool) -> GatewayState:
     metrics, traffic = Metrics(), Traffic(settings.pause_timeout)
+    metrics.watch(lambda: list(backends.servers.values()))
     recorder = Recorder(store, metrics, settings.policy_version)
     turns = TurnContext(
         recorder=recorder,

@@ -112,6 +112,10 @@ class BackendPool:
             self.add(url, healthy=True)
         self.eject_after = eject_after
         """Failed health checks in a row before a server takes no more calls."""
+        self.reloads = 0
+        """Weight reloads the fleet has done (`reload_weights`)."""
+        self.weight_version: str | None = None
+        """The weight version last given to the fleet (`set_weight_version`); None: never set."""
         self.pin_store: PinStore | None = None
         """Set by the app to share pins through the store; without it pins live in this process only."""
         self._pins: OrderedDict[str, str] = OrderedDict()
@@ -295,23 +299,69 @@ class BackendPool:
                 )
         return bool(known)
 
-    async def call_all(self, path: str, *, params: dict[str, str] | None = None, json: object = None) -> None:
-        """POST to every healthy backend (pause, resume, weight version); 502 names the ones that failed."""
+    async def call_all(
+        self,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: object = None,
+        done: Callable[[Server], None] = lambda _server: None,
+    ) -> None:
+        """POST to every healthy backend (pause, resume, weights), `done` with each that took it; 502 names
+        the ones that failed."""
         failures = []
         for server in list(self.servers.values()):
             if not server.healthy:
                 continue
-            try:
-                response = await self._post(server.url + path, params=params, json=json)
-                async with response:
-                    if response.status != 200:
-                        failures.append(
-                            f"{server.url}: HTTP {response.status} {(await response.text())[:200]}"
-                        )
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                failures.append(f"{server.url}: {exc!r}")
+            failure = await self._call(server, path, params=params, json=json)
+            if failure is None:
+                done(server)
+            else:
+                failures.append(failure)
         if failures:
             raise BackendFailure("failed", f"{path} failed on " + "; ".join(failures))
+
+    async def _call(
+        self, server: Server, path: str, *, params: dict[str, str] | None = None, json: object = None
+    ) -> str | None:
+        """POST to one server; what went wrong, or None."""
+        try:
+            response = await self._post(server.url + path, params=params, json=json)
+            async with response:
+                if response.status != 200:
+                    return f"{server.url}: HTTP {response.status} {(await response.text())[:200]}"
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return f"{server.url}: {exc!r}"
+        return None
+
+    # -- weights: every server serving holds the fleet's -----------------------------------------------------
+
+    async def reload_weights(self) -> None:
+        """Every healthy server reloads its weights from its model directory."""
+        self.reloads += 1
+        await self.call_all(_RELOAD, json=_RELOAD_BODY, done=partial(_reloaded, reloads=self.reloads))
+
+    async def set_weight_version(self, version: str) -> None:
+        """Every healthy server tags the tokens it samples with `version`."""
+        self.weight_version = version
+        await self.call_all(
+            _WEIGHT_VERSION, json={"new_version": version}, done=partial(_versioned, version=version)
+        )
+
+    async def _catch_up(self, server: Server) -> str | None:
+        """Give a server coming (back) into service the weight reloads and version it missed, as the others
+        had them; what went wrong, or None."""
+        if server.reloads < self.reloads:
+            failure = await self._call(server, _RELOAD, json=_RELOAD_BODY)
+            if failure is not None:
+                return failure
+            server.reloads = self.reloads
+        if self.weight_version is not None and server.weight_version != self.weight_version:
+            failure = await self._call(server, _WEIGHT_VERSION, json={"new_version": self.weight_version})
+            if failure is not None:
+                return failure
+            server.weight_version = self.weight_version
+        return None
 
     async def get(self, path: str) -> tuple[int, bytes]:
         last_error: Exception | None = None
@@ -337,7 +387,16 @@ class BackendPool:
             except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError) as exc:
                 log.debug("backend %s: no models or metrics (%r)", server.url, exc)
             if not server.healthy:
-                log.info("backend %s healthy again: re-admitted", server.url)
+                missed = await self._catch_up(server)
+                if missed is not None:
+                    log.warning(
+                        "backend %s not admitted: it could not take the fleet's weights (%s)",
+                        server.url,
+                        missed,
+                    )
+                    server.failed_checks += 1
+                    return
+                log.info("backend %s healthy: admitted", server.url)
             server.healthy, server.failed_checks = True, 0
             return
         server.failed_checks += 1
@@ -383,6 +442,16 @@ class BackendPool:
 
 
 _CHECK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+_RELOAD, _RELOAD_BODY = "/collective_rpc", {"method": "reload_weights"}
+_WEIGHT_VERSION = "/update_weight_version"
+
+
+def _reloaded(server: Server, reloads: int) -> None:
+    server.reloads = reloads
+
+
+def _versioned(server: Server, version: str) -> None:
+    server.weight_version = version
 
 
 def _left(server: Server) -> None:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.fleet.servers import Server
 
 
 class Metrics:
@@ -36,3 +42,78 @@ class Metrics:
             "Store transactions committed (turns share them).",
             registry=self.registry,
         )
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram, Counter, Counter]] = {}
+
+    def call(
+        self, endpoint: str, status: int, seconds: float, prompt_tokens: int, completion_tokens: int
+    ) -> None:
+        """Count one agent call. The children of each label set are looked up once: `labels()` cost more than
+        the counting itself."""
+        children = self._children.get((endpoint, status))
+        if children is None:
+            children = self._children[endpoint, status] = (
+                self.requests.labels(endpoint=endpoint, status=str(status)),
+                self.latency.labels(endpoint=endpoint),
+                self.tokens.labels(kind="prompt"),
+                self.tokens.labels(kind="completion"),
+            )
+        requests, latency, prompt, completion = children
+        requests.inc()
+        latency.observe(seconds)
+        prompt.inc(prompt_tokens)
+        completion.inc(completion_tokens)
+
+    def watch(self, servers: Callable[[], Iterable[Server]]) -> None:
+        """Report each vLLM server of the fleet (`servers()`, read at every scrape)."""
+        self.registry.register(FleetCollector(servers))
+
+
+class FleetCollector(Collector):
+    """The fleet as the gateway sees it, one series per server (`backend` label), read when scraped: the
+    pool keeps the counts, so routing pays nothing for them."""
+
+    def __init__(self, servers: Callable[[], Iterable[Server]]) -> None:
+        self._servers = servers
+
+    def collect(self) -> Iterator[Metric]:
+        label = ["backend"]
+        healthy = GaugeMetricFamily(
+            "gateway_backend_healthy", "1 while the server takes calls.", labels=label
+        )
+        draining = GaugeMetricFamily(
+            "gateway_backend_draining", "1 while the server takes no new rollouts.", labels=label
+        )
+        in_flight = GaugeMetricFamily(
+            "gateway_backend_in_flight", "Calls in progress on the server.", labels=label
+        )
+        pinned = GaugeMetricFamily(
+            "gateway_backend_pinned_rollouts", "Rollouts this gateway pinned to the server.", labels=label
+        )
+        requests = CounterMetricFamily("gateway_backend_requests", "Calls sent to the server.", labels=label)
+        errors = CounterMetricFamily(
+            "gateway_backend_errors",
+            "Calls that failed or that the server answered with a 5xx.",
+            labels=label,
+        )
+        latency = SummaryMetricFamily(
+            "gateway_backend_latency_seconds",
+            "Seconds from sending a call to its reply's headers.",
+            labels=label,
+        )
+        hit_rate = GaugeMetricFamily(
+            "gateway_backend_prefix_cache_hit_rate",
+            "The server's own prefix-cache hits over queries since it started (from its /metrics).",
+            labels=label,
+        )
+        for server in self._servers():
+            url = [server.url]
+            healthy.add_metric(url, float(server.healthy))
+            draining.add_metric(url, float(server.draining))
+            in_flight.add_metric(url, server.in_flight)
+            pinned.add_metric(url, server.pinned)
+            requests.add_metric(url, server.requests)
+            errors.add_metric(url, server.errors)
+            latency.add_metric(url, count_value=server.answered, sum_value=server.latency_total)
+            if server.prefix_cache_hit_rate is not None:
+                hit_rate.add_metric(url, server.prefix_cache_hit_rate)
+        yield from (healthy, draining, in_flight, pinned, requests, errors, latency, hit_rate)

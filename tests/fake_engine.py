@@ -73,6 +73,15 @@ class FakeEngine:
     async def call_all(self, path: str, **_: Any) -> None:
         self.requests.append((path, {}))
 
+    async def reload_weights(self) -> None:
+        await self.call_all("/collective_rpc", json={"method": "reload_weights"})
+
+    async def set_weight_version(self, version: str) -> None:
+        await self.call_all("/update_weight_version", json={"new_version": version})
+
+    def forget(self, rollout_id: str) -> None:
+        pass
+
     async def get(self, path: str) -> tuple[int, bytes]:
         return 200, orjson.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
 

@@ -21,6 +21,7 @@ import pytest
 
 from gateway.demo.launcher import GatewayProcess
 from gateway.demo.vllm_server import VLLMServer
+from gateway.fleet.routing import share_bound
 
 from support import admin, stored_rollout
 
@@ -90,6 +91,17 @@ def test_rollouts_stay_on_their_server_spread_by_load_and_routed_by_model(fleet,
     assert [state[s.url]["pinned"] for s in fleet] == [3, 3, 1]
     assert all(state[s.url]["healthy"] and state[s.url]["in_flight"] == 0 for s in fleet)
     assert all(stored_rollout(gateway, r)["backend"] == server for r, (server,) in placed.items())
+
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    for server, pinned, requests in ((tiny_a, 3, 9), (tiny_b, 3, 9), (judge, 1, 1)):
+        assert f'gateway_backend_pinned_rollouts{{backend="{server.url}"}} {pinned}.0' in metrics
+        assert f'gateway_backend_requests_total{{backend="{server.url}"}} {requests}.0' in metrics
+        assert f'gateway_backend_healthy{{backend="{server.url}"}} 1.0' in metrics
+        assert f'gateway_backend_latency_seconds_count{{backend="{server.url}"}} {requests}.0' in metrics
+    finished = [r for r, (server,) in placed.items() if server == tiny_a.url][:2]
+    for rollout_id in finished:
+        httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish").raise_for_status()
+    assert state_of(gateway)[tiny_a.url]["pinned"] == 1  # finished rollouts no longer count on it
 
 
 def test_a_drained_server_takes_no_new_rollout_and_finishes_its_own(fleet, start_gateway, databases):
@@ -203,16 +215,37 @@ def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_ru
     for ts in turns.values():
         after = [t for t in ts if t["started_at"] > killed_at[0] + 1]
         assert {t["backend"] for t in after} <= {tiny_a.url}
+    first_servers = Counter(ts[0]["backend"] for ts in turns.values())
+    assert max(first_servers.values()) <= share_bound(len(rollouts), 2), first_servers  # within the bound
     moved = [t for ts in turns.values() for t in ts if t["repinned_from"] is not None]
     assert moved and {t["repinned_from"] for t in moved} == {tiny_b.url}
     assert state_of(gateway)[tiny_b.url]["healthy"] is False
 
+    # A weight update while the fleet is one server short: the server added next must catch up first.
+    admin(gateway, "/reload_weights").raise_for_status()
+    admin(gateway, "/policy_version", json={"version": "7"}).raise_for_status()
     (added,) = start_servers(model_dir, work_dir, ["tiny"])
     try:
         admin(gateway, "/backends", json={"url": added.url}).raise_for_status()
         for i in range(3):
             call(gateway, f"fresh-{i}")
         assert [backends_of(gateway, f"fresh-{i}") for i in range(3)] == [[added.url]] * 3
-        assert state_of(gateway)[added.url]["models"] == ["tiny"]
+        state = state_of(gateway)[added.url]
+        assert (state["models"], state["weight_version"], state["reloads"]) == (["tiny"], "7", 1)
+        assert (
+            state_of(gateway)[tiny_b.url]["weight_version"],
+            state_of(gateway)[tiny_b.url]["reloads"],
+        ) == (
+            None,
+            0,
+        )
+        # vLLM itself tags what the added server samples with the fleet's version.
+        httpx.post(
+            f"{gateway.url}/rollouts", json={"rollout_id": "fresh-exact", "mode": "exact"}
+        ).raise_for_status()
+        call(gateway, "fresh-exact")
+        (turn,) = stored_rollout(gateway, "fresh-exact")["turns"]
+        assert turn["backend"] == added.url
+        assert [span["version"] for span in turn["weight_versions"]] == ["7"]
     finally:
         added.stop()

@@ -45,6 +45,11 @@ class BackendView(BaseModel):
     """Time to the reply's headers, smoothed over recent calls."""
     prefix_cache_hit_rate: float | None
     """The server's own prefix-cache hit rate (its /metrics), since it started."""
+    weight_version: str | None
+    """The weight version the gateway gave it (`/admin/policy_version`); None if never given one."""
+    reloads: int
+    """Weight reloads it has done (`/admin/reload_weights`); a server added or re-admitted later catches up
+    before it takes calls."""
 
 
 class AdminState(BaseModel):

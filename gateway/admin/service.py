@@ -11,8 +11,10 @@ from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 
-ABORT_GRACE = 2.0
-"""Seconds an abort-mode pause waits for the aborted calls to end (calls vLLM queued wait for the resume)."""
+ABORT_QUIET = 2.0
+"""An abort-mode pause returns once no call has ended for this many seconds: the aborted ones have been
+recorded (under load their ends take a while to come through), and those left are queued in vLLM until the
+resume."""
 
 
 def admin_state(state: GatewayState) -> AdminState:
@@ -35,7 +37,7 @@ async def pause(state: GatewayState, mode: str, timeout: float) -> AdminState:
     # afterwards: calls still on their way when it paused run after resume, with the new weights.
     await state.backends.call_all("/pause", params={"mode": mode})
     if mode == "abort":  # let the aborted turns be recorded before a new version can be set
-        await state.traffic.drained(min(timeout, ABORT_GRACE))
+        await state.traffic.settled(ABORT_QUIET, timeout)
     log.info("paused (%s): %d calls in flight", mode, state.traffic.in_flight)
     return admin_state(state)
 
@@ -49,7 +51,7 @@ async def resume(state: GatewayState) -> AdminState:
 
 async def set_policy_version(state: GatewayState, version: str) -> AdminState:
     """New turns are stamped with `version`; the backends tag their tokens with it too."""
-    await state.backends.call_all("/update_weight_version", json={"new_version": version})
+    await state.backends.set_weight_version(version)
     state.recorder.policy_version = version
     log.info("policy version is now %s", version)
     return admin_state(state)
@@ -58,7 +60,7 @@ async def set_policy_version(state: GatewayState, version: str) -> AdminState:
 async def reload_weights(state: GatewayState) -> AdminState:
     """Every backend reloads its weights from its model directory (where the trainer has just written
     them)."""
-    await state.backends.call_all("/collective_rpc", json={"method": "reload_weights"})
+    await state.backends.reload_weights()
     log.info("backends reloaded their weights")
     return admin_state(state)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from gateway.errors import ApiError
 
@@ -17,6 +18,8 @@ class Traffic:
         self._open.set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._left_at = 0.0
+        """When a call last ended (monotonic)."""
 
     @property
     def paused(self) -> bool:
@@ -41,6 +44,7 @@ class Traffic:
 
     def leave(self) -> None:
         self.in_flight -= 1
+        self._left_at = time.monotonic()
         if self.in_flight == 0:
             self._idle.set()
 
@@ -57,3 +61,15 @@ class Traffic:
         except TimeoutError:
             return False
         return True
+
+    async def settled(self, quiet: float, timeout: float) -> None:
+        """Wait until calls stop ending: none in flight, or none ended for `quiet` seconds (those left wait
+        for something else, such as vLLM's queue); at most `timeout` seconds."""
+        started = time.monotonic()
+        deadline = started + timeout
+        while self.in_flight:
+            now = time.monotonic()
+            still = quiet - (now - max(self._left_at, started))
+            if still <= 0 or now >= deadline:
+                return
+            await asyncio.sleep(min(still, deadline - now))

@@ -107,6 +107,7 @@ async def finish_rollout(
     body = body or FinishRequest()
     reward = Reward(body.reward, body.components) if body.reward is not None else None
     row = await state.store.finish_rollout(rollout_id, body.status, reward)
+    state.backends.forget(rollout_id)
     return RolloutFinished(**{name: row[name] for name in RolloutFinished.model_fields})
 
 

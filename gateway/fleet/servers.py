@@ -21,10 +21,18 @@ class Server:
     failed_checks: int = 0
     requests: int = 0
     errors: int = 0
+    answered: int = 0
+    """Calls whose reply's headers arrived."""
+    latency_total: float = 0.0
+    """Their seconds to the headers, summed."""
     latency_ewma: float | None = None
     """Seconds to the reply's headers, smoothed over recent calls."""
     prefix_cache_hit_rate: float | None = None
     """From the server's own /metrics: prefix-cache hits over queries, since it started."""
+    reloads: int = 0
+    """The fleet's weight reloads it has done (`BackendPool.reloads` when current)."""
+    weight_version: str | None = None
+    """The weight version it was given (None: never)."""
     scale_out: bool | None = None
     """Whether it serves vLLM's token-in/token-out endpoints (exact mode), once known."""
     added_at: float = field(default=0.0)
@@ -34,6 +42,8 @@ class Server:
         return model is None or not self.models or model in self.models
 
     def took(self, seconds: float) -> None:
+        self.answered += 1
+        self.latency_total += seconds
         self.latency_ewma = seconds if self.latency_ewma is None else 0.8 * self.latency_ewma + 0.2 * seconds
 
     def view(self) -> dict[str, object]:
@@ -48,4 +58,6 @@ class Server:
             "errors": self.errors,
             "latency_ms": round(self.latency_ewma * 1000, 2) if self.latency_ewma is not None else None,
             "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "weight_version": self.weight_version,
+            "reloads": self.reloads,
         }

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,10 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Dialect, Engine, make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Select
+from sqlalchemy.sql.expression import Executable
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +111,100 @@ def _configure_sqlite(engine: Engine, begin: str) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
-        conn.exec_driver_sql(begin)
+        # On the driver's connection: SQLAlchemy's statement machinery took ten times as long for this one.
+        conn.connection.driver_connection.execute(begin)
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    positional: tuple[str, ...] | None
+    """Parameter names in placeholder order (SQLite's `?`); None for named placeholders (psycopg's)."""
+    fixed: dict[str, Any]
+    """The values the statement carries itself (its literals), by parameter name."""
+    binds: tuple[tuple[str, Callable[[Any], Any]], ...]
+    results: tuple[Callable[[Any], Any] | None, ...]
+
+
+class DriverStatement:
+    """A Core statement compiled once per dialect and executed on the driver's own cursor, inside the
+    connection's transaction.
+
+    For the statements every agent call makes (a rollout's state, its creation, the turn's INSERT):
+    SQLAlchemy's per-execution machinery (cache lookup, parameter processing, result and event set-up) took
+    longer than the driver's execution of them. The conversions are SQLAlchemy's own (each type's bind and
+    result processors, for the dialect), and a driver error is raised as `Connection.execute` raises it
+    (`IntegrityError`, ...), so callers cannot tell the difference.
+    """
+
+    def __init__(self, statement: Executable) -> None:
+        self._statement = statement
+        self._compiled: dict[tuple[str, tuple[str, ...]], _Compiled] = {}
+
+    def execute(self, conn: Connection, params: Mapping[str, Any]) -> int:
+        """Run with `params`; the rows it changed."""
+        cursor = self._run(conn, params)
+        try:
+            return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
+    def _run(self, conn: Connection, params: Mapping[str, Any]) -> Any:
+        """The driver's cursor, having run the statement with `params`."""
+        compiled = self._compiled.get((conn.dialect.name, tuple(params))) or self._compile(
+            conn.dialect, params
+        )
+        values = {**compiled.fixed, **params}
+        for key, process in compiled.binds:
+            values[key] = process(values[key])
+        cursor = conn.connection.cursor()
+        try:
+            if compiled.positional is None:
+                cursor.execute(compiled.sql, values)
+            else:
+                cursor.execute(compiled.sql, tuple(values[key] for key in compiled.positional))
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise DBAPIError.instance(
+                compiled.sql, dict(params), exc, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect
+            ) from exc
+        return cursor
+
+    def first(self, conn: Connection, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """The first row of a SELECT, converted as SQLAlchemy converts it; None if there is none."""
+        cursor = self._run(conn, params)
+        try:
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        if row is None:
+            return None
+        results = self._compiled[conn.dialect.name, tuple(params)].results
+        return tuple(
+            value if process is None else process(value) for process, value in zip(results, row, strict=True)
+        )
+
+    def _compile(self, dialect: Dialect, params: Mapping[str, Any]) -> _Compiled:
+        """For the dialect, and (an INSERT) the columns `params` gives."""
+        compiled = self._statement.compile(dialect=dialect, column_keys=list(params))  # type: ignore[attr-defined]
+        binds, fixed = [], {}
+        for key, bind in compiled.binds.items():
+            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if process is not None:
+                binds.append((key, process))
+            if bind.value is not None:
+                fixed[key] = bind.effective_value
+        results = (
+            tuple(
+                column.type.dialect_impl(dialect).result_processor(dialect, None)
+                for column in self._statement.selected_columns
+            )
+            if isinstance(self._statement, Select)
+            else ()
+        )
+        positional = tuple(compiled.positiontup) if compiled.positional else None
+        found = _Compiled(compiled.string, positional, fixed, tuple(binds), results)
+        self._compiled[dialect.name, tuple(params)] = found
+        return found
 
 
 def migrations_dir() -> str:

@@ -68,9 +68,14 @@ def history_hashes(messages: Messages) -> list[bytes]:
     """h[k] identifies messages[:k + 1], in canonical form."""
     hashes, current = [], b""
     for message in messages:
-        current = hashlib.blake2b(current + canonical_message(message), digest_size=16).digest()
+        current = _extended(current, message)
         hashes.append(current)
     return hashes
+
+
+def _extended(digest: bytes, message: Mapping[str, Any]) -> bytes:
+    """The hash of a history (`digest`, b"" for none) followed by `message`."""
+    return hashlib.blake2b(digest + canonical_message(message), digest_size=16).digest()
 
 
 def reply_message(content: str | None, tool_calls: list[Any] | None) -> dict[str, Any]:
@@ -108,8 +113,10 @@ class Lineage:
         reply: dict[str, Any] | None,
         finish_reason: str | None = None,
         completions: tuple[Span, ...] = (),
+        hashes: list[bytes] | None = None,
     ) -> None:
-        """Register a committed turn; `reply` only for turns whose answer reached the agent whole."""
+        """Register a committed turn; `reply` only for turns whose answer reached the agent whole. `hashes`:
+        the messages' `history_hashes` if already computed (placing the turn did), not computed again."""
         self.last_index = max(self.last_index, index)
         if sequence is None or sequence.shape[0] == 0:
             return
@@ -117,10 +124,12 @@ class Lineage:
         for old in sorted(self.nodes)[:-_RECENT_SEQUENCES]:
             self.nodes[old].sequence = None
         if messages:
-            for k, digest in enumerate(history_hashes(messages), start=1):
+            if hashes is None:
+                hashes = history_hashes(messages)
+            for k, digest in enumerate(hashes, start=1):
                 self.prefixes[digest] = (index, k)
             if reply is not None:
-                self.extends[history_hashes([*messages, reply])[-1]] = index
+                self.extends[_extended(hashes[-1], reply)] = index
 
 
 @dataclass
@@ -136,6 +145,8 @@ class Placement:
     new_messages: Messages | None
     prompt_completions: tuple[Span, ...] = ()
     """Where the model's earlier completions lie in the prompt."""
+    hashes: list[bytes] | None = None
+    """The request messages' `history_hashes`, computed to find the parent: `Lineage.add` reuses them."""
 
 
 def with_reply(prompt_completions: tuple[Span, ...], prompt_tokens: int, tokens: int) -> tuple[Span, ...]:
@@ -164,10 +175,11 @@ def place(
     messages) then measures the drift that splicing avoided, and `prompt_completions` (from the splice) says
     where the model's earlier completions lie in the prompt.
     """
-    parent, forked = find_parent(lineage, prompt_ids, messages, load)
+    hashes = history_hashes(messages) if messages else None
+    parent, forked = find_parent(lineage, prompt_ids, messages, load, hashes)
     reference = parent if parent is not None else forked
     if reference is None or prompt_ids.shape[0] == 0:
-        return Placement(None, None, 0, None, prompt_ids, 0, messages, prompt_completions or ())
+        return Placement(None, None, 0, None, prompt_ids, 0, messages, prompt_completions or (), hashes)
     node = _full(lineage, reference, load)
     assert node.sequence is not None
     prefix = common_prefix_len(prompt_ids, node.sequence)
@@ -180,16 +192,22 @@ def place(
     if prompt_completions is None:
         prompt_completions = shared_completions(node, prefix)
     return Placement(
-        parent, forked, prefix, drift, prompt_ids[prefix:], shared, new_messages, prompt_completions
+        parent, forked, prefix, drift, prompt_ids[prefix:], shared, new_messages, prompt_completions, hashes
     )
 
 
 def find_parent(
-    lineage: Lineage, prompt_ids: np.ndarray, messages: Messages | None, load: Callable[[int], Node]
+    lineage: Lineage,
+    prompt_ids: np.ndarray,
+    messages: Messages | None,
+    load: Callable[[int], Node],
+    hashes: list[bytes] | None = None,
 ) -> tuple[int | None, int | None]:
-    """(parent, None) when the turn extends an earlier one, else (None, fork origin or None)."""
+    """(parent, None) when the turn extends an earlier one, else (None, fork origin or None); `hashes`: the
+    messages' `history_hashes`, if already computed."""
     if messages:
-        hashes = history_hashes(messages)
+        if hashes is None:
+            hashes = history_hashes(messages)
         for digest in reversed(hashes):
             if digest in lineage.extends:
                 return lineage.extends[digest], None

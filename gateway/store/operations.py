@@ -8,24 +8,59 @@ caches (`caches`), so a turn of a known rollout is one INSERT; its place in the 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from sqlalchemy import insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from gateway.store import reads, schema
+from gateway.store import pins, reads, schema
 from gateway.store.caches import WriterCaches
+from gateway.store.database import DriverStatement
 from gateway.store.lineage import Lineage, Node, find_parent, lineage_of, place, reply_message, with_reply
 from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
 from gateway.store.status import RolloutStatus, TurnStatus
 from gateway.store.tokens import pack_ids, pack_logprobs
 
 # Built once: executing a prebuilt statement with a parameter dict skips SQLAlchemy's per-call construction.
-_INSERT_TURN = insert(schema.turns)
+# Those of every agent call run on the driver's cursor (`DriverStatement`).
+_INSERT_TURN = DriverStatement(insert(schema.turns))
 _INSERT_ROLLOUT = insert(schema.rollouts)
 _INSERT_REWARD = insert(schema.rewards)
+_CREATE_IF_ABSENT = {
+    "sqlite": DriverStatement(
+        sqlite.insert(schema.rollouts).on_conflict_do_nothing(index_elements=["rollout_id"])
+    ),
+    "postgresql": DriverStatement(
+        postgresql.insert(schema.rollouts).on_conflict_do_nothing(index_elements=["rollout_id"])
+    ),
+}
+"""A rollout created on its agent's first call: one statement, whose rowcount says whether it already
+existed."""
+
+
+def _rollout_row(new: NewRollout) -> dict[str, Any]:
+    return {
+        "rollout_id": new.rollout_id,
+        "group_id": new.group_id or new.rollout_id,
+        "task_id": new.task_id,
+        "metadata": new.metadata,
+        "status": RolloutStatus.RUNNING,
+        "reward": None,
+        "reward_components": None,
+        "created_at": time.time(),
+        "finished_at": None,
+        "mode": new.mode,
+        "tags": new.tags,
+        "eval": new.eval,
+        "api_key_hash": new.api_key_hash,
+        "limits": new.limits.to_json(),
+        "sampling": new.sampling,
+        "end_reason": None,
+    }
 
 
 class Operations:
@@ -46,42 +81,47 @@ class Operations:
         return self._insert_rollout(conn, new), True
 
     def _insert_rollout(self, conn: Connection, new: NewRollout) -> dict[str, Any]:
-        row = {
-            "rollout_id": new.rollout_id,
-            "group_id": new.group_id or new.rollout_id,
-            "task_id": new.task_id,
-            "metadata": new.metadata,
-            "status": RolloutStatus.RUNNING,
-            "reward": None,
-            "reward_components": None,
-            "created_at": time.time(),
-            "finished_at": None,
-            "mode": new.mode,
-            "tags": new.tags,
-            "eval": new.eval,
-            "api_key_hash": new.api_key_hash,
-            "limits": new.limits.to_json(),
-            "sampling": new.sampling,
-            "end_reason": None,
-        }
+        row = _rollout_row(new)
         conn.execute(_INSERT_ROLLOUT, row)
-        self._caches.set_state(
-            new.rollout_id,
-            RolloutState(
-                RolloutStatus.RUNNING, new.mode, new.api_key_hash, new.limits, sampling=new.sampling
-            ),
-        )
-        self._caches.hold_lineage(new.rollout_id, Lineage())
+        self._created(new)
         return row
 
+    def _created(self, new: NewRollout) -> RolloutState:
+        """Remember a rollout this transaction created: running, no turns yet."""
+        state = RolloutState(
+            RolloutStatus.RUNNING, new.mode, new.api_key_hash, new.limits, sampling=new.sampling
+        )
+        self._caches.set_state(new.rollout_id, state)
+        self._caches.hold_lineage(new.rollout_id, Lineage())
+        return state
+
+    def _create_if_absent(self, conn: Connection, rollout_id: str) -> RolloutState | None:
+        """Create the rollout an agent calls before anyone registered it; None if it exists already."""
+        new = NewRollout(rollout_id)
+        created = _CREATE_IF_ABSENT[conn.dialect.name].execute(conn, _rollout_row(new))
+        return self._created(new) if created == 1 else None
+
+    def pin(
+        self, conn: Connection, rollout_id: str, candidate: str, keep: Collection[str]
+    ) -> tuple[str, str | None]:
+        """The rollout's server (`gateway.store.pins`), creating the rollout an agent calls before anyone
+        registered it: one transaction, not three."""
+        answer = pins.pin(conn, rollout_id, candidate, keep)
+        if answer == pins.MISSING:
+            self._create_if_absent(conn, rollout_id)  # or another replica just did
+            answer = pins.pin(conn, rollout_id, candidate, keep)
+        assert not isinstance(answer, str), "the rollout exists: it was just created or found"
+        return answer
+
     def insert_turn(self, conn: Connection, record: TurnRecord) -> int:
-        state = self._state(conn, record.rollout_id)
-        if state is not None and state.status != RolloutStatus.RUNNING:
+        state = (
+            self._state(conn, record.rollout_id)
+            or self._create_if_absent(conn, record.rollout_id)
+            or self._state(conn, record.rollout_id)
+        )
+        assert state is not None, "the rollout exists: it was just created or found"
+        if state.status != RolloutStatus.RUNNING:
             raise StoreError(f"rollout {record.rollout_id!r} is already {state.status}", "rollout_finished")
-        if state is None:
-            self._insert_rollout(conn, NewRollout(record.rollout_id))
-            state = self._caches.state(record.rollout_id)
-            assert state is not None
         lineage = self._lineage(conn, record.rollout_id)
         index = lineage.last_index + 1
         if record.request_hash is not None:
@@ -94,8 +134,8 @@ class Operations:
             plain_prompt_ids=record.plain_prompt_ids,
             prompt_completions=record.prompt_completions,
         )
-        conn.execute(
-            _INSERT_TURN,
+        _INSERT_TURN.execute(
+            conn,
             {
                 "rollout_id": record.rollout_id,
                 "turn_index": index,
@@ -157,6 +197,7 @@ class Operations:
             reply_message(record.content, record.tool_calls) if ok else None,
             record.finish_reason,
             with_reply(placement.prompt_completions, record.prompt_ids.shape[0], sequence.shape[0]),
+            placement.hashes,
         )
         return index
 
@@ -266,6 +307,7 @@ class Operations:
     # -- what the database holds, through the caches --------------------------------------------------
 
     def _state(self, conn: Connection, rollout_id: str) -> RolloutState | None:
+        """From the caches (rollouts this process wrote), else read: another replica may change it."""
         state = self._caches.state(rollout_id)
         return state if state is not None else reads.rollout_state(conn, rollout_id)
 

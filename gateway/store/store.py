@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Collection
 from typing import Any
 
-from gateway.store import pins, reads
+from gateway.store import reads
 from gateway.store.database import make_engine
 from gateway.store.records import NewRollout, Reward, RolloutState
 from gateway.store.writer import StoreWriter
@@ -36,13 +36,7 @@ class Store:
 
     async def pin(self, rollout_id: str, candidate: str, usable: Collection[str]) -> tuple[str, str | None]:
         """The server a rollout's calls go to, agreed through the store (`gateway.store.pins`)."""
-        keep = tuple(usable)
-        answer = await self.writer.submit(lambda conn: pins.pin(conn, rollout_id, candidate, keep))
-        if answer == pins.MISSING:  # an unregistered rollout's first call: its row comes first
-            await self.writer.create_rollout(NewRollout(rollout_id))
-            answer = await self.writer.submit(lambda conn: pins.pin(conn, rollout_id, candidate, keep))
-        assert not isinstance(answer, str)
-        return answer
+        return await self.writer.pin(rollout_id, candidate, tuple(usable))
 
     @property
     def commits(self) -> int:

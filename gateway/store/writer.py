@@ -15,7 +15,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -56,6 +56,7 @@ class StoreWriter:
         self._caches = WriterCaches(chain_cache_tokens)
         self._operations = Operations(self._caches)
         self.commits = 0
+        self._conn: Connection | None = None
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
 
@@ -86,6 +87,9 @@ class StoreWriter:
     async def create_rollout(self, new: NewRollout) -> tuple[dict[str, Any], bool]:
         return await self.submit(lambda conn: self._operations.create_rollout(conn, new))
 
+    async def pin(self, rollout_id: str, candidate: str, keep: Collection[str]) -> tuple[str, str | None]:
+        return await self.submit(lambda conn: self._operations.pin(conn, rollout_id, candidate, keep))
+
     async def add_reward(self, rollout_id: str, reward: Reward) -> None:
         await self.submit(lambda conn: self._operations.add_reward(conn, rollout_id, reward))
 
@@ -100,6 +104,12 @@ class StoreWriter:
     # -- writer thread ------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._disconnect()
+
+    def _serve(self) -> None:
         stopping = False
         while not stopping:
             first = self._queue.get()
@@ -130,11 +140,28 @@ class StoreWriter:
             for pending, (result, error) in zip(batch, outcomes, strict=True):
                 pending.loop.call_soon_threadsafe(_resolve, pending.future, result, error)
 
+    def _connection(self) -> Connection:
+        """The writer's one connection, held from batch to batch: checking one out of the pool and back in for
+        every batch cost about as much as the batch's own statements (and, on PostgreSQL, a round trip to
+        ping it). After a failure it is dropped, and the next batch gets a fresh one from the pool."""
+        if self._conn is None:
+            self._conn = self._engine.connect()
+        return self._conn
+
+    def _disconnect(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            try:
+                conn.close()
+            except Exception:  # a connection that already broke: nothing to give back
+                log.debug("closing the writer's connection failed", exc_info=True)
+
     def _transaction(self, operations: list[Operation]) -> list[tuple[Any, BaseException | None]]:
         outcomes: list[tuple[Any, BaseException | None]] = []
         self._caches.begin()
         try:
-            with self._engine.connect() as conn, conn.begin():
+            conn = self._connection()
+            with conn.begin():
                 for operation in operations:
                     try:
                         outcomes.append((operation(conn), None))
@@ -142,6 +169,7 @@ class StoreWriter:
                         outcomes.append((None, exc))
         except BaseException:
             self._caches.abort()
+            self._disconnect()
             raise
         self.commits += 1
         self._caches.commit()

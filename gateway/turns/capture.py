@@ -12,12 +12,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import orjson
 
 from gateway.errors import ApiError
 from gateway.store.records import TurnRecord
 from gateway.store.tokens import ID_DTYPE, LOGPROB_DTYPE
 
 _REQUEST_PAYLOAD_KEYS = frozenset({"messages", "tools", "prompt"})
+_PROMPT_IDS_KEY = b'"prompt_token_ids":'
+_PROMPT_IDS = _PROMPT_IDS_KEY + b"["
+_DIGITS_AND_COMMAS = b"0123456789,"
+_MAX_ID = np.iinfo(ID_DTYPE).max
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ class TurnCapture:
 
     def __init__(self, record: TurnRecord) -> None:
         self.record = record
-        self.prompt_ids: list[int] = []
+        self.prompt_ids: list[int] | np.ndarray = []
         self.choices: dict[int, Choice] = {}
 
     def choice(self, index: int = 0) -> Choice:
@@ -100,6 +105,19 @@ class TurnCapture:
 
     def _feed_choice(self, into: Choice, choice: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def feed_reply(self, raw: bytes, asked: Asked) -> Any:
+        """Take a whole reply as vLLM sent it: its JSON (a 502 if it is not JSON), captured."""
+        payload, prompt_ids = _without_prompt_ids(raw) if not asked.token_ids else (None, None)
+        if payload is None:
+            try:
+                payload = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                raise ApiError(502, "backend sent a reply that is not JSON", "backend_error") from None
+        self.feed(payload)
+        if prompt_ids is not None:
+            self.prompt_ids = prompt_ids
+        return payload
 
     def strip(self, payload: dict[str, Any], asked: Asked) -> None:
         """Undo what the gateway injected, so the agent gets what vLLM answers to its own request.
@@ -141,6 +159,52 @@ class TurnCapture:
         record.tool_calls = [choice.tool_calls[i] for i in sorted(choice.tool_calls)] or None
         record.finish_reason = choice.finish_reason
         return record
+
+
+def _without_prompt_ids(raw: bytes) -> tuple[dict[str, Any] | None, np.ndarray | None]:
+    """A whole chat reply's JSON with `prompt_token_ids` null, and those ids read straight from the bytes;
+    (None, None) when in any doubt: the reply is then parsed whole.
+
+    The prompt ids are most of a reply (3,200 ids make 14 KB of a 19 KB reply): parsed into Python ints, then
+    into an array, they took twice what numpy's reading of the digits does, and the cost grows with the
+    context. The agent did not ask for them, so the rest is parsed with `null` in their place: it gets the
+    same reply. The key must be vLLM's top-level one (a chat reply has no other): the only one in the bytes,
+    the parsed reply's top-level value is the `null` put in, and the ids are as many as `usage` counts.
+    Anything else (spaces, other characters, counts that disagree) and the reply is parsed whole.
+    """
+    start = raw.find(_PROMPT_IDS)
+    end = raw.find(b"]", start)
+    if start < 0 or end < 0 or raw.count(_PROMPT_IDS_KEY) != 1:
+        return None, None
+    ids = _read_ids(raw[start + len(_PROMPT_IDS) : end])
+    if ids is None:
+        return None, None
+    try:
+        payload = orjson.loads(raw[:start] + b'"prompt_token_ids":null' + raw[end + 1 :])
+    except orjson.JSONDecodeError:
+        return None, None
+    if not isinstance(payload, dict) or payload.get("prompt_token_ids", 0) is not None:
+        return None, None
+    usage = payload.get("usage")
+    counted = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if counted is not None and counted != ids.shape[0]:
+        return None, None
+    return payload, ids
+
+
+def _read_ids(digits: bytes) -> np.ndarray | None:
+    """Non-negative ids separated by commas, nothing else, as numpy reads them; None for anything else."""
+    if not digits or digits.translate(None, _DIGITS_AND_COMMAS):
+        return None
+    try:
+        # Text mode (only the binary one is deprecated). An empty field stops it early (with a warning,
+        # ignored by default, or a ValueError where warnings are errors): the count below catches it.
+        ids = np.fromstring(digits, dtype=np.int64, sep=",")
+    except ValueError:
+        return None
+    if ids.shape[0] != digits.count(b",") + 1 or ids.max() > _MAX_ID:
+        return None
+    return ids.astype(ID_DTYPE)
 
 
 def _needs_logprobs(body: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ from gateway.turns.exact_stream import forward_exact_stream
 from gateway.turns.relay import StreamFailure, relay
 from gateway.turns.sampling import imposed, merged
 from gateway.turns.sse import sse_data
-from gateway.turns.upstream import read_json, send
+from gateway.turns.upstream import send
 from gateway.turns.wire import Wire
 
 
@@ -168,8 +168,12 @@ def _leave(ctx: TurnContext) -> None:
 async def _whole(
     ctx: TurnContext, capture: TurnCapture, upstream: dict[str, Any], asked: Asked, wire: Wire
 ) -> Response:
-    payload = await read_json(await send(ctx.backends, capture, upstream))
-    capture.feed(payload)
+    reply = await send(ctx.backends, capture, upstream)
+    try:
+        raw = await reply.body()
+    except BackendStreamError as exc:
+        raise ApiError(502, str(exc), "backend_error") from None
+    payload = capture.feed_reply(raw, asked)
     records = capture.finish()
     for record in records:
         record.finished_at = record.first_token_at = time.time()

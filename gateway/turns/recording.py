@@ -92,11 +92,13 @@ class Recorder:
         return records
 
     def _account(self, record: TurnRecord, status: int) -> None:
-        metrics = self._metrics
-        metrics.requests.labels(endpoint=record.endpoint, status=str(status)).inc()
-        metrics.latency.labels(endpoint=record.endpoint).observe(record.finished_at - record.started_at)
-        metrics.tokens.labels(kind="prompt").inc(record.prompt_ids.shape[0])
-        metrics.tokens.labels(kind="completion").inc(record.completion_ids.shape[0])
+        self._metrics.call(
+            record.endpoint,
+            status,
+            record.finished_at - record.started_at,
+            record.prompt_ids.shape[0],
+            record.completion_ids.shape[0],
+        )
 
 
 def _log_failure(future: asyncio.Future[Any]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gateway.backend import prefix_hit_rate
 from gateway.fleet.discovery import BackendFile
-from gateway.fleet.routing import choose
+from gateway.fleet.routing import choose, share_bound
 from gateway.fleet.servers import Server
 
 
@@ -17,8 +17,28 @@ def servers(*loads: tuple[int, int]) -> list[Server]:
 
 
 def test_a_new_rollout_goes_to_the_server_with_fewest_calls_in_flight_then_fewest_rollouts():
-    assert choose(servers((3, 0), (1, 9), (2, 0)), "r", None).url == "http://s1"
+    assert choose(servers((3, 2), (1, 3), (2, 2)), "r", None).url == "http://s1"
     assert choose(servers((1, 4), (1, 2), (1, 3)), "r", None).url == "http://s1"
+
+
+def test_a_server_holding_its_share_of_rollouts_takes_no_new_one_even_when_idle():
+    # 10 rollouts pinned + 1 new over 3 servers: the bound is ceil(1.25 * 11 / 3) = 5.
+    fleet = servers((0, 5), (4, 3), (6, 2))
+    assert choose(fleet, "r", None).url == "http://s1"
+    assert share_bound(11, 3) == 5
+
+
+def test_servers_all_at_their_share_still_take_rollouts_by_load():
+    assert choose(servers((2, 5), (1, 5)), "r", None).url == "http://s1"
+
+
+def test_placing_rollouts_one_by_one_keeps_every_server_within_its_share():
+    fleet = servers((0, 0), (0, 0), (0, 0))
+    fleet[0].in_flight = -100  # a server that always looks idle would take them all without the bound
+    for n in range(1, 61):
+        choose(fleet, f"r{n}", None).pinned += 1
+        assert max(s.pinned for s in fleet) <= share_bound(n, 3)
+    assert [s.pinned for s in fleet] == [25, 18, 17]
 
 
 def test_unhealthy_and_draining_servers_take_no_new_rollout():
