@@ -34,6 +34,8 @@ from gateway.store.status import Mode
 from gateway.store.store import Store
 from gateway.turns.context import TurnContext
 from gateway.turns.recording import Recorder
+from gateway.ui.router import router as ui_router
+from gateway.ui.tokens import TokenTexts
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,7 @@ def create_app(
     app.include_router(control_router)
     app.include_router(health_router)
     app.include_router(admin_router)
+    app.include_router(ui_router)
     install_openapi(
         app,
         [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest, ResponsesRequest],
@@ -134,7 +137,7 @@ def gateway_state(settings: Settings, store: Store, backends: BackendPool) -> Ga
         require_registered=settings.require_registered_rollouts,
         max_body_bytes=settings.max_body_bytes,
     )
-    return GatewayState(settings, store, backends, metrics, traffic, recorder, turns)
+    return GatewayState(settings, store, backends, metrics, traffic, recorder, turns, TokenTexts(backends))
 
 
 def warn_if_exposed(settings: Settings) -> None:

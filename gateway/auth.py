@@ -58,6 +58,18 @@ async def require_control(request: Request, state: GatewayState = Depends(get_st
     return state
 
 
+VIEWER_COOKIE = "gateway_viewer"
+"""Where a browser keeps the control token for the viewer (`/ui/login`)."""
+
+
+async def require_viewer(request: Request, state: GatewayState = Depends(get_state)) -> GatewayState:
+    """The viewer: the control token, from the header or the viewer's cookie."""
+    token = state.settings.control_token
+    if token is not None and not _same(request.cookies.get(VIEWER_COOKIE), token.get_secret_value()):
+        _require(request, token, "control API")
+    return state
+
+
 async def require_admin(request: Request, state: GatewayState = Depends(get_state)) -> GatewayState:
     """The admin API: its own token, else the control token."""
     settings = state.settings

@@ -363,6 +363,18 @@ class BackendPool:
             server.weight_version = self.weight_version
         return None
 
+    async def post_any(self, path: str, body: object, model: str | None) -> tuple[int, bytes]:
+        """POST to any healthy server that serves `model`, without routing a rollout (reads such as
+        `/detokenize`); the first server that answers does."""
+        last_error: Exception | None = None
+        for server in [s for s in self.servers.values() if usable(s, model)]:
+            try:
+                async with self._session.post(server.url + path, json=body) as response:
+                    return response.status, await response.read()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                last_error = exc
+        raise BackendFailure("unreachable", f"no backend serving {model!r} reachable: {last_error!r}")
+
     async def get(self, path: str) -> tuple[int, bytes]:
         last_error: Exception | None = None
         for server in sorted(self.servers.values(), key=lambda s: not s.healthy):

@@ -14,6 +14,7 @@ from gateway.settings import Settings
 from gateway.store.store import Store
 from gateway.turns.context import TurnContext
 from gateway.turns.recording import Recorder
+from gateway.ui.tokens import TokenTexts
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class GatewayState:
     traffic: Traffic
     recorder: Recorder
     turns: TurnContext
+    token_texts: TokenTexts
+    """The viewer's texts of token ids, per model."""
 
 
 async def get_state(request: Request) -> GatewayState:

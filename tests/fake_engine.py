@@ -52,6 +52,7 @@ class FakeEngine:
         self.exact = False
         """Whether the engine offers vLLM's token-in/token-out endpoints (exact mode)."""
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.detokenize_failure: BackendFailure | None = None
         self._replies: defaultdict[str, deque[FakeReply | BackendFailure]] = defaultdict(deque)
 
     def answer(self, path: str, reply: FakeReply | BackendFailure) -> None:
@@ -81,6 +82,13 @@ class FakeEngine:
 
     def forget(self, rollout_id: str) -> None:
         pass
+
+    async def post_any(self, path: str, body: Any, model: str | None) -> tuple[int, bytes]:
+        """`/detokenize` of one id: the engine's text of it is `<id>`."""
+        self.requests.append((path, body))
+        if self.detokenize_failure is not None:
+            raise self.detokenize_failure
+        return 200, orjson.dumps({"prompt": f"<{body['tokens'][0]}>"})
 
     async def get(self, path: str) -> tuple[int, bytes]:
         return 200, orjson.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]})

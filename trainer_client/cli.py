@@ -205,7 +205,7 @@ class _ParquetSink:
 
 def _eval(args: argparse.Namespace) -> int:
     from gateway.store.database import make_engine, require_current_schema
-    from trainer_client.evaluation import evaluation_report
+    from gateway.store.evaluation import evaluation_report
 
     engine = make_engine(args.db)
     require_current_schema(engine)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.store.database import make_engine
-from trainer_client.evaluation import evaluation_report
+from gateway.store.evaluation import evaluation_report
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig, RunnerStats
 from trainer_client.reference.task import Task
 from trainer_client.reference.toy_task import CharacterShareTask

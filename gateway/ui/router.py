@@ -1,0 +1,87 @@
+"""HTTP routes of the viewer: its pages (static shells whose script reads the JSON routes), its assets and
+its JSON. Behind the control token when one is set: a browser presents it once (`/ui/login?token=...`) and
+keeps it in a cookie scoped to `/ui`."""
+
+from __future__ import annotations
+
+import asyncio
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from starlette.responses import FileResponse, RedirectResponse, Response
+
+from gateway.auth import VIEWER_COOKIE, require_viewer
+from gateway.encoding import JsonResponse
+from gateway.errors import ApiError
+from gateway.state import GatewayState
+from gateway.ui import queries
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+STATIC = resources.files("gateway.ui") / "static"
+
+
+def _page(name: str) -> FileResponse:
+    return FileResponse(str(STATIC / name), media_type="text/html")
+
+
+@router.get("")
+async def overview(_: GatewayState = Depends(require_viewer)) -> Response:
+    return _page("overview.html")
+
+
+@router.get("/login")
+async def login(request: Request, token: str) -> Response:
+    """Keep the control token in a cookie for the viewer's pages (checked on every request)."""
+    answer = RedirectResponse(request.url_for("overview").path, status_code=303)
+    answer.set_cookie(VIEWER_COOKIE, token, path="/ui", httponly=True, samesite="strict")
+    return answer
+
+
+@router.get("/api/rollouts")
+async def rollouts(
+    group: str | None = None,
+    tag: str | None = None,
+    status: str | None = None,
+    version: str | None = None,
+    limit: int = Query(queries.PAGE, ge=1, le=1000),
+    state: GatewayState = Depends(require_viewer),
+) -> Response:
+    """The newest rollouts (filtered) with their counts, and reward per policy version."""
+    filters = queries.Filters(group, tag, status, version)
+
+    def read() -> dict[str, Any]:
+        with state.store.engine.connect() as conn:
+            return {
+                "rollouts": queries.rollouts(conn, filters, limit),
+                "versions": queries.reward_by_version(conn),
+            }
+
+    return JsonResponse(await asyncio.to_thread(read))
+
+
+@router.get("/rollouts/{rollout_id}")
+async def rollout_page(rollout_id: str, _: GatewayState = Depends(require_viewer)) -> Response:
+    return _page("rollout.html")
+
+
+@router.get("/api/rollouts/{rollout_id}")
+async def rollout(rollout_id: str, state: GatewayState = Depends(require_viewer)) -> Response:
+    """The rollout with every turn's messages and ids, and the text of each id (by model)."""
+    found = await state.store.get_rollout(rollout_id, include_tokens=True, include_messages=True)
+    if found is None:
+        raise ApiError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
+    ids: dict[str | None, set[int]] = {}
+    for turn in found["turns"]:
+        ids.setdefault(turn["model"], set()).update(turn["prompt_token_ids"], turn["completion_token_ids"])
+    texts = {model: await state.token_texts.texts(model, wanted) for model, wanted in ids.items()}
+    return JsonResponse({"rollout": found, "texts": {str(model): t for model, t in texts.items()}})
+
+
+@router.get("/assets/{name}")
+async def asset(name: str) -> Response:
+    """The viewer's scripts and styles (no page needs anything from elsewhere)."""
+    path = STATIC / name
+    if name.endswith(".html") or not path.is_file():
+        return Response(status_code=404)
+    return FileResponse(str(path))

