@@ -64,7 +64,7 @@ class RolloutCreated(BaseModel):
 class RewardRequest(RequestModel):
     reward: FiniteFloat
     components: dict[str, FiniteFloat] | None = None
-    turn_index: Annotated[int, Field(strict=True, ge=0)] | None = None
+    turn_index: Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)] | None = None
 
 
 class RewardRecorded(BaseModel):

@@ -118,6 +118,15 @@ async def test_a_reward_for_a_turn_the_rollout_does_not_have_is_404(gw):
     assert response.json()["error"]["message"] == "rollout 'r1' has no turn 3"
 
 
+async def test_a_reward_for_a_turn_index_beyond_any_store_column_is_a_422(gw):
+    await gw.client.post("/rollouts", json={"rollout_id": "r1"})
+
+    response = await gw.client.post("/rollouts/r1/reward", json={"reward": 1.0, "turn_index": 75628711779})
+
+    assert_openai_error(response, 422, "invalid_request")
+    assert response.json()["error"]["param"] == "turn_index"
+
+
 async def test_finishing_twice_is_409_and_keeps_the_first_outcome(gw):
     await gw.client.post("/rollouts", json={"rollout_id": "r1"})
     await gw.client.post("/rollouts/r1/finish", json={"status": "failed"})
