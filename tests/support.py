@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import httpx
+import openai
 
 from gateway.demo.vllm_server import VLLMServer
 
@@ -144,3 +145,25 @@ def streamed_reply(chunks: Iterable[Any]) -> dict[str, Any]:
         "tool_calls": list(calls.values()),
         "finish_reason": finish,
     }
+
+
+def chat(gateway: Any, rollout_id: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """One agent call through the gateway (greedy); the assistant message a harness sends back. With `extra`
+    (vLLM sampling fields) the call offers `TOOLS`."""
+    agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
+    reply = agent.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=60,
+        temperature=0.0,
+        extra_body=extra or None,
+        tools=TOOLS if extra else openai.NOT_GIVEN,
+    )
+    message = reply.choices[0].message
+    if message.tool_calls:
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [c.model_dump() for c in message.tool_calls],
+        }
+    return {"role": "assistant", "content": message.content}

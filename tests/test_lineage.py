@@ -13,27 +13,7 @@ import sqlalchemy as sa
 from gateway.store.database import make_engine
 from gateway.store.tokens import common_prefix_len
 
-from support import LS_TMP_REGEX, TOOLS, stored_rollout, tokenize_chat
-
-
-def chat(gateway, rollout_id: str, messages: list[dict], **extra) -> dict:
-    agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
-    reply = agent.chat.completions.create(
-        model="tiny",
-        messages=messages,
-        max_tokens=60,
-        temperature=0.0,
-        extra_body=extra or None,
-        tools=TOOLS if extra else openai.NOT_GIVEN,
-    )
-    message = reply.choices[0].message
-    if message.tool_calls:
-        return {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [c.model_dump() for c in message.tool_calls],
-        }
-    return {"role": "assistant", "content": message.content}
+from support import LS_TMP_REGEX, chat, stored_rollout, tokenize_chat
 
 
 def expected_drift(parent: dict, prompt: list[int]) -> int:

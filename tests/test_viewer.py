@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from support import LS_TMP_REGEX, TOOLS, stored_rollout
+from support import LS_TMP_REGEX, chat, stored_rollout
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "viewer"
 
@@ -43,26 +42,6 @@ def page_for(browser: Browser, gateway_url: str) -> tuple[Page, list[str]]:
 
     context.route("**/*", only_the_gateway)
     return context.new_page(), blocked
-
-
-def chat(gateway: Any, rollout_id: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0)
-    reply = agent.chat.completions.create(
-        model="tiny",
-        messages=messages,
-        max_tokens=40,
-        temperature=0.0,
-        extra_body=extra or None,
-        tools=TOOLS if extra else openai.NOT_GIVEN,
-    )
-    message = reply.choices[0].message
-    if message.tool_calls:
-        return {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [c.model_dump() for c in message.tool_calls],
-        }
-    return {"role": "assistant", "content": message.content}
 
 
 def make_rollouts(gateway: Any) -> None:
