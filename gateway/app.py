@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -36,24 +37,34 @@ from gateway.turns.context import TurnContext
 from gateway.turns.recording import Recorder
 from gateway.ui.router import router as ui_router
 from gateway.ui.tokens import TokenTexts
+from gateway.workers.join import join_workers
+from gateway.workers.peers import Peers
 
 log = logging.getLogger(__name__)
 
 
 def create_app(
-    settings: Settings, *, store: Store | None = None, backends: BackendPool | None = None
+    settings: Settings,
+    *,
+    store: Store | None = None,
+    backends: BackendPool | None = None,
+    peers_dir: Path | None = None,
 ) -> FastAPI:
     """The gateway's app. It builds its store and backends from `settings` at start-up unless given them
-    (then it leaves them open at shutdown: whoever made them closes them)."""
+    (then it leaves them open at shutdown: whoever made them closes them). With `peers_dir` it is one of the
+    gateway's worker processes (`gateway.workers`), which find each other there."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_store, own_backends = store is None, backends is None
         if store is None:
             ensure_schema(settings.db)
+        peers = Peers(peers_dir) if peers_dir is not None else None
         app.state.gateway = state = gateway_state(
-            settings, store or Store(settings.db), backends or backend_pool(settings)
+            settings, store or Store(settings.db), backends or backend_pool(settings), peers
         )
+        if peers is not None:
+            listening = await join_workers(state, peers)
         if own_backends:
             state.backends.pin_store = state.store.pin
             discovery = BackendFile(settings.backend_file) if settings.backend_file else None
@@ -80,6 +91,9 @@ def create_app(
         try:
             yield
         finally:
+            if peers is not None:
+                await listening.cleanup()
+                await peers.close()
             if own_backends:
                 monitor.cancel()
                 await state.backends.close()
@@ -122,7 +136,9 @@ def backend_pool(settings: Settings) -> BackendPool:
     )
 
 
-def gateway_state(settings: Settings, store: Store, backends: BackendPool) -> GatewayState:
+def gateway_state(
+    settings: Settings, store: Store, backends: BackendPool, peers: Peers | None = None
+) -> GatewayState:
     metrics, traffic = Metrics(), Traffic(settings.pause_timeout)
     metrics.watch(lambda: list(backends.servers.values()))
     recorder = Recorder(store, metrics, settings.policy_version)
@@ -137,7 +153,9 @@ def gateway_state(settings: Settings, store: Store, backends: BackendPool) -> Ga
         require_registered=settings.require_registered_rollouts,
         max_body_bytes=settings.max_body_bytes,
     )
-    return GatewayState(settings, store, backends, metrics, traffic, recorder, turns, TokenTexts(backends))
+    return GatewayState(
+        settings, store, backends, metrics, traffic, recorder, turns, TokenTexts(backends), peers
+    )
 
 
 def warn_if_exposed(settings: Settings) -> None:

@@ -19,6 +19,7 @@ import aiohttp
 
 from gateway.fleet.routing import choose, usable
 from gateway.fleet.servers import Server
+from gateway.store.pins import Pin
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,9 @@ class Routed(NamedTuple):
     """The server the rollout was moved off for this call (failed, drained away or removed), if any."""
 
 
-PinStore = Callable[[str, str, Collection[str]], Awaitable[tuple[str, str | None]]]
-"""(rollout id, candidate server, servers that can keep a rollout) -> (its server, the one it left): the
-store's compare-and-set of pins (`Store.pin`)."""
+PinStore = Callable[[str, str, Collection[str]], Awaitable[Pin]]
+"""(rollout id, candidate server, servers that can keep a rollout) -> its pin: the store's compare-and-set of
+pins (`Store.pin`)."""
 
 _PINS_KEPT = 100_000
 """Pins remembered in memory (the store holds them all)."""
@@ -116,9 +117,17 @@ class BackendPool:
         """Weight reloads the fleet has done (`reload_weights`)."""
         self.weight_version: str | None = None
         """The weight version last given to the fleet (`set_weight_version`); None: never set."""
+        self.gives_weights: Callable[[], bool] = lambda: True
+        """Whether this process gives a returning server the weights it missed. Of several worker processes
+        only the leading one does (a server is not reloaded once per process); the others admit it once told
+        it has them."""
+        self.caught_up: Callable[[], None] = lambda: None
+        """Called when this process has given a server the weights it missed."""
         self.pin_store: PinStore | None = None
         """Set by the app to share pins through the store; without it pins live in this process only."""
-        self._pins: OrderedDict[str, str] = OrderedDict()
+        self._pins: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        """Rollout -> (its server, whether this process placed it there: only those count as `pinned`, so
+        that the counts of several replicas add up)."""
         self._session = aiohttp.ClientSession(
             # Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are
             # reused.
@@ -180,7 +189,7 @@ class BackendPool:
         if model is not None and not any(model in s.models for s in self.servers.values()):
             model = None
         pinned = self._pins.get(rollout_id)
-        server = self.servers.get(pinned) if pinned is not None else None
+        server = self.servers.get(pinned[0]) if pinned is not None else None
         if server is not None and usable(server, model):
             self._pins.move_to_end(rollout_id)
             return server, None
@@ -189,31 +198,26 @@ class BackendPool:
             raise BackendFailure("unreachable", _none_for(model, self.servers.values()))
         keep = [s.url for s in self.servers.values() if usable(s, model)]
         if self.pin_store is not None:
-            url, left = await self.pin_store(rollout_id, candidate.url, keep)
+            url, left, placed = await self.pin_store(rollout_id, candidate.url, keep)
         else:
-            url, left = candidate.url, pinned
+            url, left, placed = candidate.url, pinned[0] if pinned else None, True
         server = self.servers.get(url, candidate)
-        self._remember(rollout_id, server.url)
+        self._remember(rollout_id, server.url, placed)
         return server, left if left != server.url else None
 
-    def _remember(self, rollout_id: str, url: str) -> None:
-        previous = self._pins.get(rollout_id)
-        if previous == url:
-            return
-        if previous is not None and previous in self.servers:
-            self.servers[previous].pinned -= 1
-        self.servers[url].pinned += 1
-        self._pins[rollout_id] = url
+    def _remember(self, rollout_id: str, url: str, placed: bool) -> None:
+        self.forget(rollout_id)
+        self._pins[rollout_id] = (url, placed)
+        if placed:
+            self.servers[url].pinned += 1
         if len(self._pins) > _PINS_KEPT:
-            _, oldest = self._pins.popitem(last=False)
-            if oldest in self.servers:
-                self.servers[oldest].pinned -= 1
+            self.forget(next(iter(self._pins)))
 
     def forget(self, rollout_id: str) -> None:
-        """The rollout is over: it no longer counts on its server."""
-        url = self._pins.pop(rollout_id, None)
-        if url is not None and url in self.servers:
-            self.servers[url].pinned -= 1
+        """The rollout is over (or moved): it no longer counts on its server."""
+        pin = self._pins.pop(rollout_id, None)
+        if pin is not None and pin[1] and pin[0] in self.servers:
+            self.servers[pin[0]].pinned -= 1
 
     async def send(self, rollout_id: str, path: str, body: bytes, model: str | None = None) -> Routed:
         """POST to the rollout's server; a server that refuses the connection is ejected and the rollout moves
@@ -348,9 +352,16 @@ class BackendPool:
             _WEIGHT_VERSION, json={"new_version": version}, done=partial(_versioned, version=version)
         )
 
+    def _behind(self, server: Server) -> bool:
+        return server.reloads < self.reloads or (
+            self.weight_version is not None and server.weight_version != self.weight_version
+        )
+
     async def _catch_up(self, server: Server) -> str | None:
         """Give a server coming (back) into service the weight reloads and version it missed, as the others
         had them; what went wrong, or None."""
+        if not self._behind(server):
+            return None
         if server.reloads < self.reloads:
             failure = await self._call(server, _RELOAD, json=_RELOAD_BODY)
             if failure is not None:
@@ -361,6 +372,7 @@ class BackendPool:
             if failure is not None:
                 return failure
             server.weight_version = self.weight_version
+        self.caught_up()
         return None
 
     async def post_any(self, path: str, body: object, model: str | None) -> tuple[int, bytes]:
@@ -399,15 +411,20 @@ class BackendPool:
             except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError) as exc:
                 log.debug("backend %s: no models or metrics (%r)", server.url, exc)
             if not server.healthy:
-                missed = await self._catch_up(server)
-                if missed is not None:
-                    log.warning(
-                        "backend %s not admitted: it could not take the fleet's weights (%s)",
-                        server.url,
-                        missed,
-                    )
-                    server.failed_checks += 1
-                    return
+                if not self.gives_weights():
+                    if self._behind(server):  # the leading process gives them, then tells this one
+                        log.debug("backend %s waits for the fleet's weights", server.url)
+                        return
+                else:
+                    missed = await self._catch_up(server)
+                    if missed is not None:
+                        log.warning(
+                            "backend %s not admitted: it could not take the fleet's weights (%s)",
+                            server.url,
+                            missed,
+                        )
+                        server.failed_checks += 1
+                        return
                 log.info("backend %s healthy: admitted", server.url)
             server.healthy, server.failed_checks = True, 0
             return

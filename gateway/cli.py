@@ -37,11 +37,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser, names: list[str] | None
 
 def settings_from(args: argparse.Namespace, names: list[str] | None = None) -> Settings:
     """The settings of the flags given (over the environment); a bad value ends the command with one line."""
-    given = {
-        name: getattr(args, name)
-        for name in Settings.model_fields
-        if (names is None or name in names) and getattr(args, name, None) is not None
-    }
+    given = flags_given(args, names)
     try:
         return Settings(**given)
     except ValidationError as exc:
@@ -51,6 +47,14 @@ def settings_from(args: argparse.Namespace, names: list[str] | None = None) -> S
         message = str(error["msg"]).removeprefix("Value error, ")
         print(f"{args.prog}: error: {flag}: {message}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def flags_given(args: argparse.Namespace, names: list[str] | None = None) -> dict[str, Any]:
+    return {
+        name: getattr(args, name)
+        for name in Settings.model_fields
+        if (names is None or name in names) and getattr(args, name, None) is not None
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        return _serve(settings_from(args))
+        return _serve(args)
     if args.command == "db":
         return _db(args)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -146,25 +150,35 @@ def main(argv: list[str] | None = None) -> int:
     )
 
 
-def _serve(settings: Settings) -> int:
+def _serve(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    server: dict[str, Any] = {
+        "access_log": False,
+        # Longer than clients keep idle connections (httpx and Node 5 s, aiohttp 15 s): with uvicorn's 5 s, a
+        # client reusing a connection just as the gateway closed it lost the request (a ReadError).
+        "timeout_keep_alive": 75,
+    }
+    if settings.workers > 1:
+        from gateway.workers.supervisor import serve
+
+        configure_logging(settings)
+        serve(settings, flags_given(args), **server)
+        return 0
     import uvicorn
 
     from gateway.app import create_app
 
+    configure_logging(settings)
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, **server
+    )
+    return 0
+
+
+def configure_logging(settings: Settings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        # Longer than clients keep idle connections (httpx and Node 5 s, aiohttp 15 s): with uvicorn's 5 s, a
-        # client reusing a connection just as the gateway closed it lost the request (a ReadError).
-        timeout_keep_alive=75,
-    )
-    return 0
 
 
 def _db(args: argparse.Namespace) -> int:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from gateway.fleet.servers import Server
 
@@ -117,3 +118,50 @@ class FleetCollector(Collector):
             if server.prefix_cache_hit_rate is not None:
                 hit_rate.add_metric(url, server.prefix_cache_hit_rate)
         yield from (healthy, draining, in_flight, pinned, requests, errors, latency, hit_rate)
+
+
+Samples = dict[str, list[tuple[str, dict[str, str], float]]]
+"""A registry's samples by metric family: (sample name, labels, value)."""
+
+_FLEET_FACTS = (
+    "gateway_backend_healthy",
+    "gateway_backend_draining",
+    "gateway_backend_prefix_cache_hit_rate",
+)
+"""Gauges every worker process holds alike: taken from one, not added up."""
+
+
+def samples(registry: CollectorRegistry) -> Samples:
+    return {
+        family.name: [(s.name, s.labels, s.value) for s in family.samples] for family in registry.collect()
+    }
+
+
+def exposition_with(registry: CollectorRegistry, others: list[Samples]) -> bytes:
+    """This process's metrics in Prometheus text with the other worker processes' added: counts, sums, calls
+    in flight and pinned rollouts add up; fleet facts and creation times are this process's."""
+    families = []
+    for family in registry.collect():
+        merged: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {
+            (s.name, tuple(sorted(s.labels.items()))): s for s in family.samples
+        }
+        if family.name not in _FLEET_FACTS:
+            for other in others:
+                for name, labels, value in other.get(family.name, ()):
+                    key = (name, tuple(sorted(labels.items())))
+                    mine = merged.get(key)
+                    if mine is None:
+                        merged[key] = Sample(name, labels, value)
+                    elif not name.endswith("_created"):
+                        merged[key] = mine._replace(value=mine.value + value)
+        family.samples = list(merged.values())
+        families.append(family)
+    return generate_latest(_Collected(families))
+
+
+class _Collected:
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from gateway.store.database import check_url
+from gateway.store.database import check_url, is_sqlite
 from gateway.store.status import Mode
 from gateway.turns.sampling import Sampling
 
@@ -88,11 +88,27 @@ class Settings(BaseSettings):
         default=None, description="Base URL agents reach the gateway at; defaults to the request's own."
     )
     log_level: str = "info"
+    workers: int = Field(
+        default=1,
+        ge=1,
+        description="Gateway processes sharing the port (PostgreSQL only): more throughput on more cores; "
+        "admin calls reach every process, /metrics and GET /admin/state add up their counts.",
+    )
 
     @field_validator("db")
     @classmethod
     def _usable_db(cls, value: str) -> str:
         return check_url(value)
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_share_postgresql(cls, value: int, info: ValidationInfo) -> int:
+        db = info.data.get("db")
+        if value > 1 and db is not None and is_sqlite(db):
+            raise ValueError(
+                "several workers need a PostgreSQL store (--db postgresql://...): SQLite takes one writer"
+            )
+        return value
 
     @field_validator("control_token", "admin_token", "backend_api_key")
     @classmethod

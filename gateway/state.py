@@ -15,6 +15,7 @@ from gateway.store.store import Store
 from gateway.turns.context import TurnContext
 from gateway.turns.recording import Recorder
 from gateway.ui.tokens import TokenTexts
+from gateway.workers.peers import Peers
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class GatewayState:
     turns: TurnContext
     token_texts: TokenTexts
     """The viewer's texts of token ids, per model."""
+    peers: Peers | None = None
+    """The gateway's other worker processes (`--workers`), if it has several."""
 
 
 async def get_state(request: Request) -> GatewayState:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
@@ -167,3 +168,10 @@ def chat(gateway: Any, rollout_id: str, messages: list[dict[str, Any]], **extra:
             "tool_calls": [c.model_dump() for c in message.tool_calls],
         }
     return {"role": "assistant", "content": message.content}
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

@@ -34,3 +34,13 @@ def test_an_unusable_database_url_is_a_one_line_error(url, why):
     assert serve.stderr.splitlines() == [f"gateway serve: error: --db: {why}; {ACCEPTED}"]
     assert upgrade.stderr.splitlines() == [f"gateway db upgrade: error: --db: {why}; {ACCEPTED}"]
     assert stats.stderr.splitlines() == [f"trainer-client: --db: {why}; {ACCEPTED}"]
+
+
+def test_several_workers_on_sqlite_is_a_one_line_error(tmp_path):
+    serve = run("gateway", "serve", "--workers", "2", "--db", f"sqlite:///{tmp_path}/gateway.db")
+
+    assert serve.returncode == 2
+    assert serve.stderr.splitlines() == [
+        "gateway serve: error: --workers: several workers need a PostgreSQL store (--db postgresql://...): "
+        "SQLite takes one writer"
+    ]

@@ -4,14 +4,13 @@ both. Tested with the real openai SDK, whose first attempt times out while the b
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import openai
 
 from trainer_client import TrainerClient
 
-from support import admin, stored_rollout
+from support import admin, stored_rollout, wait_for
 
 # min_tokens: a reply that ends at once would be empty text, which the store keeps as null content.
 CHAT = {
@@ -20,13 +19,6 @@ CHAT = {
     "max_tokens": 3,
     "extra_body": {"min_tokens": 3},
 }
-
-
-def wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_sdk_retry_of_a_timed_out_call_repeats_it_and_is_trained_once(start_gateway, databases, db_kind):

@@ -52,6 +52,14 @@ class BackendView(BaseModel):
     before it takes calls."""
 
 
+class WorkerView(BaseModel):
+    pid: int
+    in_flight: int
+    waiting: int
+    requests: int
+    """Calls it sent to the backends."""
+
+
 class AdminState(BaseModel):
     paused: bool
     in_flight: int
@@ -59,3 +67,5 @@ class AdminState(BaseModel):
     """Agent calls held by the pause."""
     policy_version: str
     backends: list[BackendView]
+    workers: list[WorkerView]
+    """The gateway's processes (`--workers`), this one first: the counts above are theirs added up."""

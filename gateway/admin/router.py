@@ -40,7 +40,7 @@ async def reload_weights(state: GatewayState = Depends(require_admin)) -> AdminS
 
 @router.get("/state", response_model=AdminState)
 async def admin_state(state: GatewayState = Depends(require_admin)) -> AdminState:
-    return service.admin_state(state)
+    return await service.admin_state(state)
 
 
 @router.post("/backends", response_model=AdminState, responses=error_responses(400, 422))
@@ -52,7 +52,7 @@ async def add_backend(body: BackendRequest, state: GatewayState = Depends(requir
 @router.post("/backends/drain", response_model=AdminState, responses=error_responses(400, 404, 409, 422))
 async def drain_backend(body: BackendRequest, state: GatewayState = Depends(require_admin)) -> AdminState:
     """No new rollouts go to the server; the rollouts pinned to it finish there."""
-    return service.drain_backend(state, body.url)
+    return await service.drain_backend(state, body.url)
 
 
 @router.delete("/backends", response_model=AdminState, responses=error_responses(400, 404, 409, 422))
@@ -60,4 +60,4 @@ async def remove_backend(
     url: str = Query(description="The server's base URL."), state: GatewayState = Depends(require_admin)
 ) -> AdminState:
     """Remove a server: calls in flight there finish; its rollouts move to others on their next call."""
-    return service.remove_backend(state, url)
+    return await service.remove_backend(state, url)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from gateway.admin.protocol import AdminState, BackendView
+from gateway.admin.protocol import AdminState, BackendView, WorkerView
 from gateway.errors import ApiError
 from gateway.state import GatewayState
+from gateway.workers.fleet import Load, add_loads, fleet_of, load_of
 
 log = logging.getLogger(__name__)
 
@@ -17,36 +19,49 @@ recorded (under load their ends take a while to come through), and those left ar
 resume."""
 
 
-def admin_state(state: GatewayState) -> AdminState:
-    return AdminState(
+async def admin_state(state: GatewayState) -> AdminState:
+    mine = AdminState(
         paused=state.traffic.paused,
         in_flight=state.traffic.in_flight,
         waiting=state.traffic.waiting,
         policy_version=state.recorder.policy_version,
         backends=[BackendView.model_validate(server.view()) for server in state.backends.servers.values()],
+        workers=[WorkerView.model_validate(load_of(state).worker())],
     )
+    if state.peers is None:
+        return mine
+    loads = [Load.model_validate(load) for load in await state.peers.ask("/load")]
+    return AdminState.model_validate(add_loads(mine.model_dump(), loads))
 
 
 async def pause(state: GatewayState, mode: str, timeout: float) -> AdminState:
     """Hold new agent calls, then deal with those in flight as vLLM's own /pause does."""
-    state.traffic.close()
-    if mode == "wait" and not await state.traffic.drained(timeout):
-        state.traffic.open()
+    await _set_traffic(state, open_=False)
+    if mode == "wait" and not await _everywhere(
+        state, state.traffic.drained(timeout), "/drained", {"timeout": timeout}, wait=timeout
+    ):
+        await _set_traffic(state, open_=True)
         raise ApiError(504, f"calls still in flight after {timeout:.0f} s: not paused", "pause_timeout")
     # vLLM's own pause ends (abort) or freezes (keep) what it is generating and queues what reaches it
     # afterwards: calls still on their way when it paused run after resume, with the new weights.
     await state.backends.call_all("/pause", params={"mode": mode})
     if mode == "abort":  # let the aborted turns be recorded before a new version can be set
-        await state.traffic.settled(ABORT_QUIET, timeout)
+        await _everywhere(
+            state,
+            _settled(state, timeout),
+            "/settled",
+            {"quiet": ABORT_QUIET, "timeout": timeout},
+            wait=timeout,
+        )
     log.info("paused (%s): %d calls in flight", mode, state.traffic.in_flight)
-    return admin_state(state)
+    return await admin_state(state)
 
 
 async def resume(state: GatewayState) -> AdminState:
     await state.backends.call_all("/resume")
-    state.traffic.open()
+    await _set_traffic(state, open_=True)
     log.info("resumed at policy version %s", state.recorder.policy_version)
-    return admin_state(state)
+    return await admin_state(state)
 
 
 async def set_policy_version(state: GatewayState, version: str) -> AdminState:
@@ -54,7 +69,7 @@ async def set_policy_version(state: GatewayState, version: str) -> AdminState:
     await state.backends.set_weight_version(version)
     state.recorder.policy_version = version
     log.info("policy version is now %s", version)
-    return admin_state(state)
+    return await _shared(state)
 
 
 async def reload_weights(state: GatewayState) -> AdminState:
@@ -62,23 +77,53 @@ async def reload_weights(state: GatewayState) -> AdminState:
     them)."""
     await state.backends.reload_weights()
     log.info("backends reloaded their weights")
-    return admin_state(state)
+    return await _shared(state)
 
 
 async def add_backend(state: GatewayState, url: str) -> AdminState:
     """A server joins the fleet, checked at once (health, models) so that it takes rollouts if it is up."""
     await state.backends.check(state.backends.add(url))
-    return admin_state(state)
+    return await _shared(state)
 
 
-def drain_backend(state: GatewayState, url: str) -> AdminState:
+async def drain_backend(state: GatewayState, url: str) -> AdminState:
     _known(state, url, state.backends.drain)
-    return admin_state(state)
+    return await _shared(state)
 
 
-def remove_backend(state: GatewayState, url: str) -> AdminState:
+async def remove_backend(state: GatewayState, url: str) -> AdminState:
     _known(state, url, state.backends.remove)
-    return admin_state(state)
+    return await _shared(state)
+
+
+async def _shared(state: GatewayState) -> AdminState:
+    """Hand this process's fleet (servers, weights, policy version) to the other worker processes."""
+    if state.peers is not None:
+        await state.peers.ask("/fleet", fleet_of(state).model_dump())
+    return await admin_state(state)
+
+
+async def _set_traffic(state: GatewayState, *, open_: bool) -> None:
+    if open_:
+        state.traffic.open()
+    else:
+        state.traffic.close()
+    if state.peers is not None:
+        await state.peers.ask("/traffic", {"open": open_})
+
+
+async def _everywhere(
+    state: GatewayState, mine: Awaitable[bool | None], path: str, body: dict[str, float], *, wait: float
+) -> bool:
+    """A pause step run in this process and in every other at once: whether it held in all of them."""
+    if state.peers is None:
+        return await mine is not False
+    answers = await asyncio.gather(mine, state.peers.ask(path, body, wait=wait))
+    return answers[0] is not False and all(answer.get("drained", True) for answer in answers[1])
+
+
+async def _settled(state: GatewayState, timeout: float) -> None:
+    await state.traffic.settled(ABORT_QUIET, timeout)
 
 
 def _known(state: GatewayState, url: str, change: Callable[[str], object]) -> None:

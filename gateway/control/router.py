@@ -23,6 +23,7 @@ from gateway.control.protocol import (
 from gateway.encoding import JsonResponse
 from gateway.errors import ApiError, error_responses
 from gateway.ids import check_rollout_id, new_id
+from gateway.metrics import exposition_with
 from gateway.state import GatewayState, get_state
 from gateway.store.records import Limits, NewRollout, Reward
 
@@ -108,6 +109,8 @@ async def finish_rollout(
     reward = Reward(body.reward, body.components) if body.reward is not None else None
     row = await state.store.finish_rollout(rollout_id, body.status, reward)
     state.backends.forget(rollout_id)
+    if state.peers is not None:  # the process that placed it may be another
+        state.peers.tell("/forget", {"rollout_id": rollout_id})
     return RolloutFinished(**{name: row[name] for name in RolloutFinished.model_fields})
 
 
@@ -149,4 +152,7 @@ async def healthz(state: GatewayState = Depends(get_state)) -> Health:
 async def metrics(state: GatewayState = Depends(get_state)) -> Response:
     """Prometheus metrics (no secrets: counts, latencies and token totals only)."""
     state.metrics.commits.set(state.store.commits)
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    if state.peers is None:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    others = await state.peers.ask("/metrics")
+    return Response(exposition_with(state.metrics.registry, others), media_type=CONTENT_TYPE_LATEST)

@@ -17,7 +17,7 @@ class Server:
     """Model names from its /v1/models (empty until known)."""
     in_flight: int = 0
     pinned: int = 0
-    """Rollouts this gateway has pinned to it."""
+    """Rollouts this process placed on it (so the counts of several gateway processes add up)."""
     failed_checks: int = 0
     requests: int = 0
     errors: int = 0

@@ -101,9 +101,7 @@ class Operations:
         created = _CREATE_IF_ABSENT[conn.dialect.name].execute(conn, _rollout_row(new))
         return self._created(new) if created == 1 else None
 
-    def pin(
-        self, conn: Connection, rollout_id: str, candidate: str, keep: Collection[str]
-    ) -> tuple[str, str | None]:
+    def pin(self, conn: Connection, rollout_id: str, candidate: str, keep: Collection[str]) -> pins.Pin:
         """The rollout's server (`gateway.store.pins`), creating the rollout an agent calls before anyone
         registered it: one transaction, not three."""
         answer = pins.pin(conn, rollout_id, candidate, keep)

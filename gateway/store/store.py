@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway.store import reads
 from gateway.store.database import make_engine
+from gateway.store.pins import Pin
 from gateway.store.records import NewRollout, Reward, RolloutState
 from gateway.store.writer import StoreWriter
 
@@ -34,7 +35,7 @@ class Store:
     async def finish_rollout(self, rollout_id: str, status: str, reward: Reward | None) -> dict[str, Any]:
         return await self.writer.finish_rollout(rollout_id, status, reward)
 
-    async def pin(self, rollout_id: str, candidate: str, usable: Collection[str]) -> tuple[str, str | None]:
+    async def pin(self, rollout_id: str, candidate: str, usable: Collection[str]) -> Pin:
         """The server a rollout's calls go to, agreed through the store (`gateway.store.pins`)."""
         return await self.writer.pin(rollout_id, candidate, tuple(usable))
 

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from gateway.store.caches import WriterCaches
 from gateway.store.lineage import Node
 from gateway.store.operations import Operations
+from gateway.store.pins import Pin
 from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class StoreWriter:
     async def create_rollout(self, new: NewRollout) -> tuple[dict[str, Any], bool]:
         return await self.submit(lambda conn: self._operations.create_rollout(conn, new))
 
-    async def pin(self, rollout_id: str, candidate: str, keep: Collection[str]) -> tuple[str, str | None]:
+    async def pin(self, rollout_id: str, candidate: str, keep: Collection[str]) -> Pin:
         return await self.submit(lambda conn: self._operations.pin(conn, rollout_id, candidate, keep))
 
     async def add_reward(self, rollout_id: str, reward: Reward) -> None:
@@ -127,15 +128,15 @@ class StoreWriter:
                 batch.append(item)
             try:
                 outcomes = self._transaction([p.operation for p in batch])
-            except IntegrityError as exc:  # another replica took a turn index: expected, retried below
-                log.info(
-                    "a batch of %d writes conflicted (%s); retrying them one by one", len(batch), exc.orig
-                )
-                outcomes = [self._alone(p.operation) for p in batch]
-            except Exception:  # retried one by one below
-                log.warning(
-                    "a batch of %d writes failed; retrying them one by one", len(batch), exc_info=True
-                )
+            except Exception as exc:  # retried one by one below
+                if _conflict(exc):  # another process took a turn index or finished the rollout: expected
+                    log.info(
+                        "a batch of %d writes conflicted (%s); retrying them one by one", len(batch), exc
+                    )
+                else:
+                    log.warning(
+                        "a batch of %d writes failed; retrying them one by one", len(batch), exc_info=True
+                    )
                 outcomes = [self._alone(p.operation) for p in batch]
             for pending, (result, error) in zip(batch, outcomes, strict=True):
                 pending.loop.call_soon_threadsafe(_resolve, pending.future, result, error)
@@ -180,14 +181,26 @@ class StoreWriter:
         for attempt in range(_CONFLICT_ATTEMPTS):
             try:
                 return self._transaction([operation])[0]
-            except IntegrityError as exc:  # another writer got there first: re-read, back off, try again
-                error = exc
+            except Exception as exc:
+                if not _conflict(exc):  # handed to the caller's future
+                    log.exception("a store write failed")
+                    return None, exc
+                error = exc  # another writer got there first: re-read, back off, try again
                 self._caches.forget()
                 time.sleep(random.uniform(0, 0.001 * 2**attempt))
-            except Exception as exc:  # handed to the caller's future
-                log.exception("a store write failed")
-                return None, exc
         return None, error
+
+
+_RETRIED_SQLSTATES = frozenset({"40001", "40P01"})
+"""PostgreSQL's serialization failure and deadlock: the transaction lost a race and can run again."""
+
+
+def _conflict(exc: BaseException) -> bool:
+    """A write that lost a race with another writer (a taken turn index, a rollout finished meanwhile, a
+    deadlock): worth running again after re-reading the store."""
+    if isinstance(exc, IntegrityError):
+        return True
+    return isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in _RETRIED_SQLSTATES
 
 
 def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

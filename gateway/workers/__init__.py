@@ -1,0 +1,1 @@
+"""Several gateway processes behind one port (`gateway serve --workers N`, on PostgreSQL)."""

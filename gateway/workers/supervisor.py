@@ -1,0 +1,49 @@
+"""`gateway serve --workers N`: N processes accept on one port (uvicorn's supervisor starts them and restarts
+one that dies), write to one PostgreSQL store, and find each other through a private directory of unix
+sockets (`gateway.workers.peers`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from gateway.settings import Settings
+
+_SPEC = "RL_GATEWAY_WORKER"
+"""How the supervisor hands its workers the command line's settings and the peers' directory."""
+
+
+def serve(settings: Settings, flags: dict[str, Any], **server: Any) -> None:
+    """Run `settings.workers` processes until stopped; `flags` are the command line's settings (the
+    environment's reach the workers by inheritance)."""
+    from gateway.store.database import ensure_schema
+
+    ensure_schema(settings.db)  # once, before the workers start
+    with tempfile.TemporaryDirectory(prefix="gateway-workers-") as directory:
+        os.environ[_SPEC] = json.dumps({"flags": flags, "peers": directory})
+        uvicorn.run(
+            f"{__name__}:worker_app",
+            factory=True,
+            workers=settings.workers,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            **server,
+        )
+
+
+def worker_app() -> FastAPI:
+    """One worker's app (uvicorn calls this in each worker process)."""
+    from gateway.app import create_app
+    from gateway.cli import configure_logging
+
+    spec = json.loads(os.environ[_SPEC])
+    settings = Settings(**spec["flags"])
+    configure_logging(settings)
+    return create_app(settings, peers_dir=Path(spec["peers"]))

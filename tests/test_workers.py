@@ -1,0 +1,116 @@
+"""`gateway serve --workers 2` on PostgreSQL: both processes serve the one port, an admin call made through
+the port reaches both (pause, policy version), the gateway's counts are both processes' added up, and a
+worker that dies is replaced by one that takes the gateway's state."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import uuid
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from support import admin, stored_rollout, wait_for
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def workers(start_gateway, databases):
+    gateway = start_gateway(databases.new("postgresql"), "--workers", "2")
+    wait_for(lambda: len(admin(gateway, "/state").json()["workers"]) == 2)
+    return gateway
+
+
+def call(gateway: Any, rollout_id: str) -> None:
+    """One agent call on a connection of its own, so that either worker may take it."""
+    with openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0) as agent:
+        agent.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+            extra_body={"min_tokens": 2},
+        )
+
+
+def by_worker(gateway: Any, field: str) -> dict[int, int]:
+    return {w["pid"]: w[field] for w in admin(gateway, "/state").json()["workers"]}
+
+
+def metric(gateway: Any, sample: str) -> float:
+    lines = httpx.get(f"{gateway.url}/metrics").text.splitlines()
+    return float(next(line for line in lines if line.startswith(sample + " ")).rpartition(" ")[2])
+
+
+def test_both_workers_serve_and_the_gateway_counts_their_calls_once(workers):
+    rollouts = [f"spread-{i}" for i in range(30)]
+    made = 0
+    for rollout_id in rollouts:  # until each worker has taken calls (the kernel picks who accepts)
+        call(workers, rollout_id)
+        call(workers, rollout_id)
+        made += 2
+        if all(by_worker(workers, "requests").values()):
+            break
+    assert all(by_worker(workers, "requests").values()), "one worker took every connection"
+
+    state = admin(workers, "/state").json()
+    assert [b["requests"] for b in state["backends"]] == [made]
+    assert [b["pinned"] for b in state["backends"]] == [made // 2]  # each rollout counted once, by its placer
+    assert metric(workers, 'gateway_requests_total{endpoint="chat",status="200"}') == made
+    assert metric(workers, "gateway_backend_healthy{backend=" + f'"{state["backends"][0]["url"]}"' + "}") == 1
+
+    for rollout_id in rollouts[: made // 2]:
+        httpx.post(f"{workers.url}/rollouts/{rollout_id}/finish", json={"reward": 1.0}).raise_for_status()
+    wait_for(lambda: [b["pinned"] for b in admin(workers, "/state").json()["backends"]] == [0], timeout=10)
+
+
+def test_a_pause_through_the_port_holds_calls_on_every_worker_and_its_version_reaches_all(workers):
+    assert admin(workers, "/pause").json()["paused"] is True
+    held: list[threading.Thread] = []
+    failures: list[BaseException] = []
+
+    def agent(rollout_id: str) -> None:
+        try:
+            call(workers, rollout_id)
+        except BaseException as exc:  # reported by the assertion below
+            failures.append(exc)
+
+    rollouts = []
+    while not all(by_worker(workers, "waiting").values()):  # each worker holds at least one call
+        assert len(held) < 30, "one worker took every connection"
+        rollouts.append(f"held-{uuid.uuid4().hex[:8]}")
+        held.append(threading.Thread(target=agent, args=(rollouts[-1],)))
+        held[-1].start()
+        wait_for(lambda: admin(workers, "/state").json()["waiting"] == len(held), timeout=10)
+
+    assert admin(workers, "/policy_version", json={"version": "7"}).status_code == 200
+    resumed = admin(workers, "/resume").json()
+    for thread in held:
+        thread.join(timeout=60)
+
+    assert (resumed["paused"], resumed["policy_version"], failures) == (False, "7", [])
+    assert [stored_rollout(workers, r)["turns"][0]["policy_version"] for r in rollouts] == ["7"] * len(
+        rollouts
+    )
+
+
+def test_a_killed_worker_is_replaced_by_one_that_takes_the_gateways_version(workers):
+    admin(workers, "/policy_version", json={"version": "5"}).raise_for_status()
+    killed = sorted(by_worker(workers, "requests"))[0]
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: len(pids := by_worker(workers, "requests")) == 2 and killed not in pids)
+
+    rollouts = []
+    while not all(by_worker(workers, "requests").values()):  # until the new worker has served calls
+        assert len(rollouts) < 30, "the new worker took no connection"
+        rollouts.append(f"after-{uuid.uuid4().hex[:8]}")
+        call(workers, rollouts[-1])
+
+    assert admin(workers, "/state").json()["policy_version"] == "5"
+    assert [stored_rollout(workers, r)["turns"][0]["policy_version"] for r in rollouts] == ["5"] * len(
+        rollouts
+    )
