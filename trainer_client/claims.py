@@ -18,14 +18,14 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from trainer_client.groups import SampleOptions, Selection, claimable, classify, load_rollouts, ready_groups
-
-_ROLLOUT_COLUMNS = (
-    schema.rollouts.c.rollout_id,
-    schema.rollouts.c.group_id,
-    schema.rollouts.c.status,
-    schema.rollouts.c.reward,
-    schema.rollouts.c.reward_components,
+from gateway.store.groups import (
+    ROLLOUT_COLUMNS,
+    SampleOptions,
+    Selection,
+    claimable,
+    classify,
+    load_rollouts,
+    ready_groups,
 )
 
 
@@ -39,7 +39,7 @@ def claim_groups(
     if not groups:
         return Selection()
     unclaimed = (r.c.group_id.in_(groups), claimable(now), r.c.eval.is_(False))
-    query = select(*_ROLLOUT_COLUMNS).where(*unclaimed)
+    query = select(*ROLLOUT_COLUMNS).where(*unclaimed)
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
     locked = conn.execute(query).all()
@@ -102,10 +102,3 @@ def release_claims(conn: Connection, trainer_id: str, step: int | None = None) -
         .values(claimed_by=None, claim_step=None, claimed_at=None, lease_until=None)
     )
     return int(result.rowcount)
-
-
-def read_groups(conn: Connection, groups: list[str], options: SampleOptions) -> Selection:
-    """The given groups as a trainer would see them, claiming nothing: for export and analysis."""
-    r = schema.rollouts
-    rows = conn.execute(select(*_ROLLOUT_COLUMNS).where(r.c.group_id.in_(groups), r.c.eval.is_(False))).all()
-    return classify(load_rollouts(conn, rows), options)

@@ -130,8 +130,8 @@ def _cell(value: Any) -> str:
 def _export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from gateway.store.groups import SampleOptions, ready_groups
     from trainer_client.client import TrainerClient
-    from trainer_client.groups import SampleOptions, ready_groups
 
     options = SampleOptions(
         group_timeout=args.group_timeout,

@@ -11,6 +11,8 @@ from sqlalchemy.engine import Connection
 
 from gateway.store import schema
 from gateway.store.evaluation import evaluation_report
+from gateway.store.groups import ROLLOUT_COLUMNS, RolloutInfo, SampleOptions, read_groups
+from gateway.store.sample_reads import load_samples
 from gateway.store.status import TurnStatus
 
 PAGE = 200
@@ -99,4 +101,87 @@ def reward_by_version(conn: Connection) -> dict[str, Any]:
     return {
         "training": evaluation_report(conn, tagged_eval=False)["policy_versions"],
         "evaluation": evaluation_report(conn, tagged_eval=True)["policy_versions"],
+    }
+
+
+GROUP_LIMIT = 1000
+"""Rollouts shown on a group page."""
+
+TRAINER_DEFAULTS = SampleOptions()
+"""How the viewer computes what trains: `trainer_client`'s defaults (GRPO advantages, error rollouts
+skipped)."""
+
+
+def group(conn: Connection, group_id: str) -> dict[str, Any] | None:
+    """The group's rollouts in creation order with their counts, last reply, and what a trainer would make of
+    them now: each one's advantage, or why it is skipped."""
+    found = rollouts(conn, Filters(group=group_id), GROUP_LIMIT)
+    if not found:
+        return None
+    found.reverse()
+    selection = read_groups(conn, [group_id], TRAINER_DEFAULTS)
+    infos = {info.rollout_id: info for info in selection.rollouts + selection.skipped}
+    last = _last_replies(conn, [row["rollout_id"] for row in found])
+    for row in found:
+        info = infos.get(row["rollout_id"])
+        row["advantage"] = info.advantage if info is not None and info.skip_reason is None else None
+        row["skip_reason"] = "eval" if info is None else info.skip_reason
+        row["masked"] = info is not None and info.masked
+        row["last_reply"] = last.get(row["rollout_id"])
+    rewards = [row["reward"] for row in found if row["advantage"] is not None]
+    return {
+        "group_id": group_id,
+        "rollouts": found,
+        "trained": len(rewards),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "normalized": TRAINER_DEFAULTS.normalize_std,
+    }
+
+
+def _last_replies(conn: Connection, rollout_ids: list[str]) -> dict[str, str | None]:
+    """The text each rollout's last turn answered (what its agent ended on)."""
+    t = schema.turns
+    last = (
+        select(t.c.rollout_id, func.max(t.c.turn_index).label("turn_index"))
+        .where(t.c.rollout_id.in_(rollout_ids))
+        .group_by(t.c.rollout_id)
+        .subquery()
+    )
+    query = select(t.c.rollout_id, t.c.content, t.c.tool_calls).join(
+        last, (t.c.rollout_id == last.c.rollout_id) & (t.c.turn_index == last.c.turn_index)
+    )
+    return {row.rollout_id: row.content or _calls(row.tool_calls) for row in conn.execute(query)}
+
+
+def _calls(tool_calls: list[dict[str, Any]] | None) -> str | None:
+    """Tool calls as a harness would log them: name(arguments)."""
+    if not tool_calls:
+        return None
+    shown = [
+        f"{c.get('function', {}).get('name')}({c.get('function', {}).get('arguments', '')})"
+        for c in tool_calls
+    ]
+    return " ".join(shown)
+
+
+def trainer_samples(conn: Connection, rollout_id: str) -> dict[str, Any] | None:
+    """The rollout as `trainer_client` would train on it now: its merged samples (one per chain of turns that
+    extend each other exactly) with loss mask, logprobs and advantage, or why it would be skipped."""
+    r = schema.rollouts
+    row = conn.execute(select(*ROLLOUT_COLUMNS).where(r.c.rollout_id == rollout_id)).first()
+    if row is None:
+        return None
+    selection = read_groups(conn, [row.group_id], TRAINER_DEFAULTS)
+    info = next((i for i in selection.rollouts + selection.skipped if i.rollout_id == rollout_id), None)
+    if info is None:  # an evaluation rollout: never trained; its samples shown as they would be
+        info = RolloutInfo(row.rollout_id, row.group_id, row.status, row.reward, row.reward_components)
+        info.skip_reason = "eval"
+    skip_reason = info.skip_reason
+    samples = load_samples(conn, [info], merged=True)
+    return {
+        "rollout_id": rollout_id,
+        "group_id": row.group_id,
+        "skip_reason": skip_reason,
+        "advantage": info.advantage if skip_reason is None else None,
+        "samples": [sample.to_json() for sample in samples],
     }

@@ -5,10 +5,12 @@ keeps it in a cookie scoped to `/ui`."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
+from sqlalchemy.engine import Connection
 from starlette.responses import FileResponse, RedirectResponse, Response
 
 from gateway.auth import VIEWER_COOKIE, require_viewer
@@ -18,6 +20,7 @@ from gateway.state import GatewayState
 from gateway.ui import queries
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
+T = TypeVar("T")
 STATIC = resources.files("gateway.ui") / "static"
 
 
@@ -50,14 +53,13 @@ async def rollouts(
     """The newest rollouts (filtered) with their counts, and reward per policy version."""
     filters = queries.Filters(group, tag, status, version)
 
-    def read() -> dict[str, Any]:
-        with state.store.engine.connect() as conn:
-            return {
-                "rollouts": queries.rollouts(conn, filters, limit),
-                "versions": queries.reward_by_version(conn),
-            }
+    def overview(conn: Connection, _: str) -> dict[str, Any]:
+        return {
+            "rollouts": queries.rollouts(conn, filters, limit),
+            "versions": queries.reward_by_version(conn),
+        }
 
-    return JsonResponse(await asyncio.to_thread(read))
+    return JsonResponse(await _read(state, overview, ""))
 
 
 @router.get("/rollouts/{rollout_id}")
@@ -76,6 +78,37 @@ async def rollout(rollout_id: str, state: GatewayState = Depends(require_viewer)
         ids.setdefault(turn["model"], set()).update(turn["prompt_token_ids"], turn["completion_token_ids"])
     texts = {model: await state.token_texts.texts(model, wanted) for model, wanted in ids.items()}
     return JsonResponse({"rollout": found, "texts": {str(model): t for model, t in texts.items()}})
+
+
+@router.get("/api/rollouts/{rollout_id}/samples")
+async def trainer_samples(rollout_id: str, state: GatewayState = Depends(require_viewer)) -> Response:
+    """What `trainer_client` would train on for this rollout: merged samples with loss mask and advantage."""
+    found = await _read(state, queries.trainer_samples, rollout_id)
+    if found is None:
+        raise ApiError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
+    return JsonResponse(found)
+
+
+@router.get("/groups/{group_id}")
+async def group_page(group_id: str, _: GatewayState = Depends(require_viewer)) -> Response:
+    return _page("group.html")
+
+
+@router.get("/api/groups/{group_id}")
+async def group(group_id: str, state: GatewayState = Depends(require_viewer)) -> Response:
+    """The group's rollouts side by side, with rewards and the advantages a trainer would give them."""
+    found = await _read(state, queries.group, group_id)
+    if found is None:
+        raise ApiError(404, f"group {group_id!r} has no rollouts", "group_not_found")
+    return JsonResponse(found)
+
+
+async def _read(state: GatewayState, query: Callable[[Connection, str], T], key: str) -> T:
+    def read() -> T:
+        with state.store.engine.connect() as conn:
+            return query(conn, key)
+
+    return await asyncio.to_thread(read)
 
 
 @router.get("/assets/{name}")

@@ -1,5 +1,6 @@
-"""The viewer's overview in process: its page and assets come from the gateway alone, its JSON lists the
-store's rollouts with their counts and filters them, and it sits behind the control token."""
+"""The viewer in process: its pages and assets come from the gateway alone, its JSON lists the store's
+rollouts with their counts and filters them, gives a group's advantages and a rollout's trainer samples, and
+it sits behind the control token."""
 
 from __future__ import annotations
 
@@ -23,12 +24,16 @@ async def rollout_with_turns(gw, rollout_id: str, turns: int, **body) -> None:
         assert (await gw.chat(rollout_id, messages=messages)).status_code == 200
 
 
-async def test_the_overview_page_and_its_assets_are_served_by_the_gateway_alone(gw):
-    page = await gw.client.get("/ui")
+@pytest.mark.parametrize(
+    ("path", "script"),
+    [("/ui", "overview.js"), ("/ui/rollouts/r1", "rollout.js"), ("/ui/groups/g1", "group.js")],
+)
+async def test_each_page_and_its_assets_are_served_by_the_gateway_alone(gw, path, script):
+    page = await gw.client.get(path)
 
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assets = re.findall(r'(?:src|href)="(/ui/assets/[^"]+)"', page.text)
-    assert sorted(assets) == ["/ui/assets/common.js", "/ui/assets/overview.js", "/ui/assets/viewer.css"]
+    assert sorted(assets) == ["/ui/assets/common.js", f"/ui/assets/{script}", "/ui/assets/viewer.css"]
     for text in [page.text] + [(await gw.client.get(asset)).text for asset in assets]:
         assert set(re.findall(r"https?://[^\s\"'`]+", text)) <= {SVG_NAMESPACE}  # a name, never fetched
 
@@ -117,11 +122,77 @@ async def test_an_out_of_range_limit_is_a_422(gw):
     assert answer.json()["error"]["param"] == "limit"
 
 
+async def test_a_groups_data_gives_each_rollout_its_reward_and_the_advantage_a_trainer_would_give_it(gw):
+    for rollout_id in ("a", "b", "c"):
+        await rollout_with_turns(gw, rollout_id, 1, group_id="g")
+    await gw.client.post("/rollouts/a/finish", json={"reward": 1.0})
+    await gw.client.post("/rollouts/b/finish", json={"reward": 0.0})
+
+    data = (await gw.client.get("/ui/api/groups/g")).json()
+
+    rows = data["rollouts"]
+    assert [r["rollout_id"] for r in rows] == ["a", "b", "c"]  # in the order they were created
+    assert [r["reward"] for r in rows] == [1.0, 0.0, None]
+    assert [round(r["advantage"], 5) if r["advantage"] is not None else None for r in rows] == [
+        1.0,
+        -1.0,
+        None,
+    ]
+    assert [r["skip_reason"] for r in rows] == [None, None, "late"]
+    assert [r["last_reply"] for r in rows] == ["ok", "ok", "ok"]
+    assert (data["trained"], data["reward_mean"], data["normalized"]) == (2, 0.5, True)
+
+
+async def test_an_evaluation_groups_rollouts_are_shown_untrained(gw):
+    await rollout_with_turns(gw, "e", 1, group_id="evals", tags=["eval"])
+    await gw.client.post("/rollouts/e/finish", json={"reward": 1.0})
+
+    rows = (await gw.client.get("/ui/api/groups/evals")).json()["rollouts"]
+
+    assert [(r["rollout_id"], r["advantage"], r["skip_reason"]) for r in rows] == [("e", None, "eval")]
+
+
+async def test_a_rollouts_trainer_samples_carry_its_ids_with_the_loss_mask_and_advantage(gw):
+    for rollout_id in ("a", "b"):
+        await rollout_with_turns(gw, rollout_id, 2, group_id="g")
+    await gw.client.post("/rollouts/a/finish", json={"reward": 1.0})
+    await gw.client.post("/rollouts/b/finish", json={"reward": 0.0})
+
+    data = (await gw.client.get("/ui/api/rollouts/b/samples")).json()
+
+    assert (data["group_id"], data["skip_reason"], round(data["advantage"], 5)) == ("g", None, -1.0)
+    samples = data["samples"]  # each turn sent a prompt of its own: two chains of one turn
+    assert [s["turn_indices"] for s in samples] == [[0], [1]]
+    assert [s["input_ids"] for s in samples] == [[1, 2, 3, 7, 8]] * 2
+    assert [s["loss_mask"] for s in samples] == [[0, 0, 0, 1, 1]] * 2
+    assert [round(s["advantage"], 5) for s in samples] == [-1.0, -1.0]
+
+
+async def test_a_running_rollouts_samples_say_why_they_do_not_train_yet(gw):
+    await rollout_with_turns(gw, "a", 1, group_id="g")
+
+    data = (await gw.client.get("/ui/api/rollouts/a/samples")).json()
+
+    assert (data["skip_reason"], data["advantage"], len(data["samples"])) == ("late", None, 1)
+    assert data["samples"][0]["loss_mask"] == [0, 0, 0, 1, 1]
+
+
+async def test_an_unknown_group_or_rollouts_samples_are_a_404(gw):
+    group = await gw.client.get("/ui/api/groups/nope")
+    samples = await gw.client.get("/ui/api/rollouts/nope/samples")
+
+    assert (group.status_code, group.json()["error"]["code"]) == (404, "group_not_found")
+    assert (samples.status_code, samples.json()["error"]["code"]) == (404, "rollout_not_found")
+
+
 async def test_with_a_control_token_the_viewer_needs_it_from_the_header_or_its_cookie(start):
     gw = await start(control_token="secret")
 
     assert (await gw.client.get("/ui")).status_code == 401
     assert (await gw.client.get("/ui/api/rollouts")).status_code == 401
+    assert (await gw.client.get("/ui/groups/g")).status_code == 401
+    assert (await gw.client.get("/ui/api/groups/g")).status_code == 401
+    assert (await gw.client.get("/ui/api/rollouts/r/samples")).status_code == 401
     bearer = {"authorization": "Bearer secret"}
     assert (await gw.client.get("/ui/api/rollouts", headers=bearer)).status_code == 200
 

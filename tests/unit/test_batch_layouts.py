@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gateway.store.samples import StepSample, merge_steps
 from trainer_client.batch import Batch
-from trainer_client.samples import StepSample, merge_steps
 
 
 def step(

@@ -1,8 +1,8 @@
-"""Pure GRPO group logic of trainer_client.groups: skip reasons, masking, dropped groups and advantages."""
+"""Pure GRPO group logic of gateway.store.groups: skip reasons, masking, dropped groups and advantages."""
 
 from __future__ import annotations
 
-from trainer_client.groups import RolloutInfo, SampleOptions, Selection, classify
+from gateway.store.groups import RolloutInfo, SampleOptions, Selection, classify
 
 
 def rollout(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer_client.samples import MergedSample, StepSample, merge_steps
+from gateway.store.samples import MergedSample, StepSample, merge_steps
 
 
 def step(

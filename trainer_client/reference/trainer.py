@@ -26,10 +26,10 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
+from gateway.store.groups import SampleOptions
 from trainer_client.batch import Batch
 from trainer_client.client import TrainerClient
 from trainer_client.distributed import DistributedClaims, Shard, sum_gradients
-from trainer_client.groups import SampleOptions
 from trainer_client.loss import grpo_loss
 from trainer_client.sync import GatewayAdmin
 

@@ -23,7 +23,7 @@ function renderRollouts(rollouts) {
   for (const [group, members] of groups) {
     const rewards = members.map((r) => r.reward).filter((r) => r !== null);
     const mean = rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : null;
-    const link = el("a", { href: `/ui?group=${encodeURIComponent(group)}` }, `group ${group}`);
+    const link = el("a", { href: `/ui/groups/${encodeURIComponent(group)}` }, `group ${group}`);
     rows.push(el("tr", { class: "group" },
       el("td", { colspan: 2 }, link), el("td", { class: "num" }, fixed(mean)), el("td", { colspan: head.length - 3 },
         `${members.length} rollouts`)));

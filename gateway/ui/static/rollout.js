@@ -16,6 +16,69 @@ function token(id, text, sampled, logprob) {
   return span;
 }
 
+function lineage(turns) {
+  const box = document.getElementById("lineage");
+  const lane = new Map(), continued = new Set();
+  let lanes = 0;
+  for (const turn of turns) {  // a turn continues its parent's line, unless another turn already does
+    const parent = turn.parent_turn;
+    if (parent !== null && lane.has(parent) && !continued.has(parent)) {
+      lane.set(turn.index, lane.get(parent));
+      continued.add(parent);
+    } else {
+      lane.set(turn.index, lanes++);
+    }
+  }
+  const step = 34, x = (index) => 20 + index * step, y = (index) => 18 + lane.get(index) * 26;
+  const nodes = [];
+  for (const turn of turns) {
+    for (const [from, dashed] of [[turn.parent_turn, false], [turn.forked_from, true]]) {
+      if (from === null || !lane.has(from) || (dashed && from === turn.parent_turn)) continue;
+      nodes.push(svg("line", { x1: x(from), y1: y(from), x2: x(turn.index), y2: y(turn.index), class: dashed ? "edge fork" : "edge",
+        stroke: dashed ? "#d2691e" : "#9aa3b5", "stroke-dasharray": dashed ? "4 3" : "none" }));
+    }
+  }
+  for (const turn of turns) {
+    const kind = turn.status !== "ok" ? "error" : turn.forked_from !== null ? "fork" : "ok";
+    const node = svg("circle", { cx: x(turn.index), cy: y(turn.index), r: 7, class: `node ${kind}`, "data-turn": turn.index,
+      fill: { ok: "#2364d2", fork: "#d2691e", error: "#c0392b" }[kind],
+      stroke: turn.drift_tokens > 0 ? "#c0392b" : "#fff", "stroke-width": turn.drift_tokens > 0 ? 3 : 1 });
+    node.append(svg("title", {}, `turn ${turn.index}` + (turn.parent_turn !== null ? ` · extends turn ${turn.parent_turn}` : "") +
+      (turn.drift_tokens > 0 ? ` · drift ${turn.drift_tokens}` : "")));
+    node.addEventListener("click", () => { location.hash = `turn-${turn.index}`; });
+    nodes.push(node, svg("text", { x: x(turn.index) - 4, y: y(turn.index) + 20 }, turn.index));
+  }
+  box.setAttribute("width", 40 + Math.max(turns.length - 1, 0) * step);
+  box.setAttribute("height", 30 + lanes * 26);
+  box.replaceChildren(...nodes);
+}
+
+function sampleView(sample, texts) {
+  const view = el("div", { class: "tokens" });
+  sample.input_ids.forEach((id, i) => view.append(token(id, texts[id], sample.loss_mask[i] === 1, sample.logprobs[i])));
+  const trained = sample.loss_mask.filter((m) => m === 1).length;
+  return el("div", { class: "sample" },
+    el("div", { class: "facts" }, ...[fact("turns", sample.turn_indices.join(", ")), fact("tokens", sample.input_ids.length),
+      fact("trained (mask 1)", trained), fact("advantage", fixed(sample.advantage)), fact("policy version", sample.policy_version),
+      fact("masked", sample.masked ? "yes" : null)].filter(Boolean)),
+    view);
+}
+
+async function showSamples(rollout, texts) {
+  const box = document.getElementById("samples");
+  let data;
+  try {
+    data = await readJson(`/ui/api/rollouts/${encodeURIComponent(rolloutId)}/samples`);
+  } catch (error) {
+    box.replaceChildren(el("p", { class: "error" }, String(error)));
+    return;
+  }
+  const models = new Map(rollout.turns.map((turn) => [turn.index, String(turn.model)]));
+  const verdict = data.skip_reason ? `not trained now: ${data.skip_reason}` : `trained with advantage ${fixed(data.advantage)}`;
+  box.replaceChildren(el("p", { class: data.skip_reason ? "bad" : "" }, `${data.samples.length} merged samples; ${verdict}`),
+    ...data.samples.map((sample) => sampleView(sample, texts[models.get(sample.turn_indices[0])] || {})));
+}
+
 function tokenView(turn, texts) {
   const view = el("div", { class: "tokens" });
   const boundary = turn.parent_turn !== null ? turn.prefix_tokens : null;
@@ -72,10 +135,13 @@ async function show() {
     return;
   }
   const r = data.rollout;
+  const group = el("span", {}, "group ", el("a", { href: `/ui/groups/${encodeURIComponent(r.group_id)}` }, r.group_id));
   document.getElementById("summary").append(el("div", { class: "facts" },
-    ...[fact("status", r.status), fact("reward", fixed(r.reward)), fact("group", r.group_id), fact("task", r.task_id),
+    ...[fact("status", r.status), fact("reward", fixed(r.reward)), group, fact("task", r.task_id),
       fact("mode", r.mode), fact("turns", r.turns.length), fact("end", r.end_reason)].filter(Boolean)));
+  lineage(r.turns);
   document.getElementById("turns").replaceChildren(...r.turns.map((turn) => turnView(turn, data.texts[String(turn.model)] || {})));
+  document.getElementById("training").addEventListener("toggle", () => showSamples(r, data.texts), { once: true });
 }
 
 show();

@@ -85,6 +85,16 @@ class Selection:
         }
 
 
+ROLLOUT_COLUMNS = (
+    schema.rollouts.c.rollout_id,
+    schema.rollouts.c.group_id,
+    schema.rollouts.c.status,
+    schema.rollouts.c.reward,
+    schema.rollouts.c.reward_components,
+)
+"""What the selection reads of each rollout (`load_rollouts`)."""
+
+
 def claimable(now: float) -> ColumnElement[bool]:
     """Not claimed, or claimed under a lease that ran out."""
     r = schema.rollouts
@@ -185,3 +195,10 @@ def _skip_reason(info: RolloutInfo, options: SampleOptions) -> str | None:
         if oldest is not None and options.current_version - oldest > options.max_staleness:
             return "stale"
     return None
+
+
+def read_groups(conn: Connection, groups: list[str], options: SampleOptions) -> Selection:
+    """The given groups as a trainer would see them, claiming nothing: for export, analysis and the viewer."""
+    r = schema.rollouts
+    rows = conn.execute(select(*ROLLOUT_COLUMNS).where(r.c.group_id.in_(groups), r.c.eval.is_(False))).all()
+    return classify(load_rollouts(conn, rows), options)

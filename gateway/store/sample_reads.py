@@ -11,10 +11,10 @@ from sqlalchemy.engine import Connection
 
 from gateway.store import schema
 from gateway.store.delta import rebuild
+from gateway.store.groups import RolloutInfo
+from gateway.store.samples import MergedSample, StepSample, merge_steps
 from gateway.store.status import TurnStatus
 from gateway.store.tokens import unpack_ids, unpack_logprobs
-from trainer_client.groups import RolloutInfo
-from trainer_client.samples import MergedSample, StepSample, merge_steps
 
 _CHUNK = 500  # rollouts per query: keeps IN lists and memory bounded
 
