@@ -2,15 +2,20 @@
 
 For measuring the gateway's own overhead only: it costs next to nothing, so what a client sees through the
 gateway minus what it sees directly is the gateway. The reply carries what vLLM sends with
-`return_token_ids` and `logprobs`: ~3.2k prompt ids, 64 sampled ids and their logprobs.
+`return_token_ids` and `logprobs`: ~3.2k prompt ids, 64 sampled ids and their logprobs. `/detokenize` of
+one id answers `<id>` (what the viewer asks for).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+from pathlib import Path
 
 import orjson
+
+from gateway.demo.process import ManagedProcess, start_until_ready
 
 PROMPT_TOKENS = 3200
 COMPLETION_TOKENS = 64
@@ -42,7 +47,10 @@ def canned_reply() -> bytes:
         "prompt_logprobs": None,
         "prompt_token_ids": [(i * 13) % 2000 for i in range(PROMPT_TOKENS)],
     }
-    payload = orjson.dumps(body)
+    return _answer(orjson.dumps(body))
+
+
+def _answer(payload: bytes) -> bytes:
     head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
     return head.encode() + payload
 
@@ -67,8 +75,28 @@ class Upstream(asyncio.Protocol):
                     length = int(line.split(b":")[1])
             if len(self.buffer) < end + 4 + length:
                 return
+            body = self.buffer[end + 4 : end + 4 + length]
             self.buffer = self.buffer[end + 4 + length :]
-            self.transport.write(self.reply)  # type: ignore[attr-defined]
+            reply = self.reply
+            if head.startswith(b"post /detokenize"):
+                text = "".join(f"<{t}>" for t in orjson.loads(body)["tokens"])
+                reply = _answer(orjson.dumps({"prompt": text}))
+            self.transport.write(reply)  # type: ignore[attr-defined]
+
+
+def start(work: Path) -> tuple[ManagedProcess, int]:
+    """This upstream as a child process on a free port (its log in `work`)."""
+    return start_until_ready(
+        lambda port: ManagedProcess(
+            [sys.executable, __file__, "--port", str(port)],
+            log_path=work / "upstream.log",
+            name="fake upstream",
+        ),
+        "/",
+        host="127.0.0.1",
+        port=None,
+        timeout=30,
+    )
 
 
 async def main(port: int) -> None:

@@ -24,14 +24,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import fake_vllm
 import orjson
 import sqlalchemy as sa
 
 from gateway.demo.launcher import GatewayProcess
-from gateway.demo.process import ManagedProcess, start_until_ready
 from gateway.store.database import make_engine
 
-ROOT = Path(__file__).resolve().parent
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -158,17 +157,7 @@ def main() -> int:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-    upstream, upstream_port = start_until_ready(
-        lambda port: ManagedProcess(
-            [sys.executable, str(ROOT / "fake_vllm.py"), "--port", str(port)],
-            log_path=work / "upstream.log",
-            name="fake upstream",
-        ),
-        "/",
-        host="127.0.0.1",
-        port=None,
-        timeout=30,
-    )
+    upstream, upstream_port = fake_vllm.start(work)
     print(
         f"agent request {len(agent_body()) / 1024:.1f} KB; {args.requests} sequential requests for latency, "
         f"{args.connections} connections x {args.seconds:.0f} s for throughput\n"

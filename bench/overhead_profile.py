@@ -26,11 +26,11 @@ import time
 import uuid
 from pathlib import Path
 
+import fake_vllm
 import sqlalchemy as sa
-from gateway_overhead import POSTGRES_URL, ROOT, Client, agent_body, paths_for
+from gateway_overhead import POSTGRES_URL, Client, agent_body, paths_for
 
 from gateway.demo.launcher import GatewayProcess
-from gateway.demo.process import ManagedProcess, start_until_ready
 from gateway.store.database import make_engine
 
 COMPONENTS = [  # (component, path fragments of the sampled leaf frame), the first match wins
@@ -126,17 +126,7 @@ def main() -> int:
         parser.error("--py-spy needs py-spy on PATH: pip install py-spy")
 
     work = Path(tempfile.mkdtemp(prefix="gateway-profile-"))
-    upstream, upstream_port = start_until_ready(
-        lambda port: ManagedProcess(
-            [sys.executable, str(ROOT / "fake_vllm.py"), "--port", str(port)],
-            log_path=work / "upstream.log",
-            name="fake upstream",
-        ),
-        "/",
-        host="127.0.0.1",
-        port=None,
-        timeout=30,
-    )
+    upstream, upstream_port = fake_vllm.start(work)
     schema = f"gw_profile_{uuid.uuid4().hex[:8]}"
     admin = make_engine(POSTGRES_URL) if args.store == "postgresql" else None
     if admin is not None:

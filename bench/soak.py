@@ -23,14 +23,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fake_vllm
 import orjson
 import sqlalchemy as sa
 
 from gateway.demo.launcher import GatewayProcess
-from gateway.demo.process import ManagedProcess, start_until_ready
 from gateway.store.database import make_engine
 
-ROOT = Path(__file__).resolve().parent
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 SYSTEM = "You are a coding agent. " + " ".join(f"word{i % 97}" for i in range(1400))
 REPLY = {"role": "assistant", "content": "x" * 200}  # what the upstream answers, sent back by the agent
@@ -147,17 +146,7 @@ def main() -> int:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gateway-soak-"))
-    upstream, upstream_port = start_until_ready(
-        lambda port: ManagedProcess(
-            [sys.executable, str(ROOT / "fake_vllm.py"), "--port", str(port)],
-            log_path=work / "upstream.log",
-            name="fake upstream",
-        ),
-        "/",
-        host="127.0.0.1",
-        port=None,
-        timeout=30,
-    )
+    upstream, upstream_port = fake_vllm.start(work)
     stores = {}
     if args.store in ("sqlite", "both"):
         stores["SQLite"] = f"sqlite:///{work / 'soak.db'}"

@@ -46,6 +46,20 @@ def page_for(browser: Browser, gateway_url: str) -> tuple[Page, list[str]]:
     return context.new_page(), blocked
 
 
+def draw_every_token(page: Page, section: str) -> None:
+    """Scroll each token view of `section` into view (they are drawn as they come near the screen), then
+    unfold every prefix a turn shares with its parent."""
+    for box in page.locator(f"{section} .tokens").all():
+        box.scroll_into_view_if_needed()
+    page.wait_for_function(
+        f"[...document.querySelectorAll('{section} .tokens')].every((box) => box.childElementCount > 0)"
+    )
+    for summary in page.locator(f"{section} details.prefix > summary").all():
+        summary.click()
+    folds = f"[...document.querySelectorAll('{section} details.prefix')]"
+    page.wait_for_function(f"{folds}.every((fold) => fold.childElementCount > 1)")
+
+
 def make_rollouts(gateway: Any) -> None:
     """Group `g`: `tools` drifts (re-rendered tool calls), `forked` edits its history; both get rewards."""
     for rollout_id in ("tools", "forked"):
@@ -93,6 +107,7 @@ def test_the_viewer_shows_rollouts_and_their_exact_tokens_with_only_the_gateway_
         page.wait_for_selector("li.turn")
         stored = stored_rollout(gateway, rollout_id)["turns"]
         assert len(page.query_selector_all("li.turn")) == len(stored)
+        draw_every_token(page, "#turns")
         # One shaded element per sampled id (mask 1), one plain per prompt id (mask 0).
         assert page.locator("#turns .tok.m1").count() == sum(len(t["completion_token_ids"]) for t in stored)
         assert page.locator("#turns .tok.m0").count() == sum(len(t["prompt_token_ids"]) for t in stored)
@@ -102,6 +117,7 @@ def test_the_viewer_shows_rollouts_and_their_exact_tokens_with_only_the_gateway_
         # One click away: what the trainer trains on, every sampled id once with mask 1.
         page.click("#training summary")
         page.wait_for_selector("#samples .sample")
+        draw_every_token(page, "#samples")
         assert page.locator("#samples .tok.m1").count() == sum(len(t["completion_token_ids"]) for t in stored)
         page.screenshot(path=str(ARTIFACTS / f"rollout-{rollout_id}.png"), full_page=True)
 

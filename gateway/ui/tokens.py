@@ -31,8 +31,9 @@ class TokenTexts:
             async def decode(token: int) -> None:
                 async with limit:
                     status, body = await self._backends.post_any("/detokenize", {"tokens": [token]}, model)
-                if status == 200:
-                    known[token] = orjson.loads(body)["prompt"]
+                text = orjson.loads(body).get("prompt") if status == 200 else None
+                if isinstance(text, str):
+                    known[token] = text
 
             # No engine left (a store read after training): the ids alone.
             with contextlib.suppress(BackendFailure):

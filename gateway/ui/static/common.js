@@ -23,3 +23,19 @@ async function readJson(url) {
   if (!answer.ok) throw new Error(`HTTP ${answer.status}: ${(await answer.text()).slice(0, 200)}`);
   return answer.json();
 }
+
+// Fill `box` with `render()` once it comes near the screen: a long rollout's pages hold far more tokens than
+// a browser lays out quickly, and most are never scrolled to.
+const nearScreen = new IntersectionObserver((entries) => {
+  for (const entry of entries) {
+    if (!entry.isIntersecting) continue;
+    nearScreen.unobserve(entry.target);
+    entry.target.replaceChildren(...entry.target.render());
+  }
+}, { rootMargin: "1500px 0px" });
+
+function lazy(box, render) {
+  box.render = render;
+  nearScreen.observe(box);
+  return box;
+}

@@ -54,8 +54,8 @@ function lineage(turns) {
 }
 
 function sampleView(sample, texts) {
-  const view = el("div", { class: "tokens" });
-  sample.input_ids.forEach((id, i) => view.append(token(id, texts[id], sample.loss_mask[i] === 1, sample.logprobs[i])));
+  const view = lazy(el("div", { class: "tokens" }),
+    () => sample.input_ids.map((id, i) => token(id, texts[id], sample.loss_mask[i] === 1, sample.logprobs[i])));
   const trained = sample.loss_mask.filter((m) => m === 1).length;
   return el("div", { class: "sample" },
     el("div", { class: "facts" }, ...[fact("turns", sample.turn_indices.join(", ")), fact("tokens", sample.input_ids.length),
@@ -80,17 +80,22 @@ async function showSamples(rollout, texts) {
 }
 
 function tokenView(turn, texts) {
-  const view = el("div", { class: "tokens" });
-  const boundary = turn.parent_turn !== null ? turn.prefix_tokens : null;
-  turn.prompt_token_ids.forEach((id, i) => {
-    if (i === boundary) {
-      if (turn.drift_tokens > 0) view.append(el("span", { class: "marker drift", title: `${turn.drift_tokens} tokens differ from the parent's` }, "drift"));
-      if (turn.splice) view.append(el("span", { class: "marker splice", title: turn.splice }, "splice"));
+  // A turn that extends its parent shows the tokens it shares with it folded, then what is new.
+  const boundary = turn.parent_turn !== null ? turn.prefix_tokens : 0;
+  const ids = turn.prompt_token_ids;
+  return lazy(el("div", { class: "tokens" }), () => {
+    const shown = [];
+    if (boundary > 0) {
+      const shared = el("details", { class: "prefix" }, el("summary", {}, `⋯ ${boundary} tokens as in turn ${turn.parent_turn}`));
+      shared.addEventListener("toggle", () => shared.append(...ids.slice(0, boundary).map((id) => token(id, texts[id], false))), { once: true });
+      shown.push(shared);
+      if (turn.drift_tokens > 0) shown.push(el("span", { class: "marker drift", title: `${turn.drift_tokens} tokens differ from the parent's` }, "drift"));
+      if (turn.splice) shown.push(el("span", { class: "marker splice", title: turn.splice }, "splice"));
     }
-    view.append(token(id, texts[id], false));
+    ids.slice(boundary).forEach((id) => shown.push(token(id, texts[id], false)));
+    turn.completion_token_ids.forEach((id, i) => shown.push(token(id, texts[id], true, turn.completion_logprobs[i])));
+    return shown;
   });
-  turn.completion_token_ids.forEach((id, i) => view.append(token(id, texts[id], true, turn.completion_logprobs[i])));
-  return view;
 }
 
 function messagesView(turn) {
