@@ -63,8 +63,6 @@ def create_app(
         app.state.gateway = state = gateway_state(
             settings, store or Store(settings.db), backends or backend_pool(settings), peers
         )
-        if peers is not None:
-            listening = await join_workers(state, peers)
         if own_backends:
             state.backends.pin_store = state.store.pin
             discovery = BackendFile(settings.backend_file) if settings.backend_file else None
@@ -88,6 +86,8 @@ def create_app(
             ", ".join(state.backends.urls),
         )
         warn_if_exposed(settings)
+        if peers is not None:
+            listening = await join_workers(state, peers)
         try:
             yield
         finally:

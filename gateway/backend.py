@@ -121,7 +121,7 @@ class BackendPool:
         """Whether this process gives a returning server the weights it missed. Of several worker processes
         only the leading one does (a server is not reloaded once per process); the others admit it once told
         it has them."""
-        self.caught_up: Callable[[], None] = lambda: None
+        self.caught_up: Callable[[Server], None] = lambda _server: None
         """Called when this process has given a server the weights it missed."""
         self.pin_store: PinStore | None = None
         """Set by the app to share pins through the store; without it pins live in this process only."""
@@ -352,7 +352,8 @@ class BackendPool:
             _WEIGHT_VERSION, json={"new_version": version}, done=partial(_versioned, version=version)
         )
 
-    def _behind(self, server: Server) -> bool:
+    def behind(self, server: Server) -> bool:
+        """Whether the server lacks reloads or the version the fleet was given."""
         return server.reloads < self.reloads or (
             self.weight_version is not None and server.weight_version != self.weight_version
         )
@@ -360,7 +361,7 @@ class BackendPool:
     async def _catch_up(self, server: Server) -> str | None:
         """Give a server coming (back) into service the weight reloads and version it missed, as the others
         had them; what went wrong, or None."""
-        if not self._behind(server):
+        if not self.behind(server):
             return None
         if server.reloads < self.reloads:
             failure = await self._call(server, _RELOAD, json=_RELOAD_BODY)
@@ -372,7 +373,7 @@ class BackendPool:
             if failure is not None:
                 return failure
             server.weight_version = self.weight_version
-        self.caught_up()
+        self.caught_up(server)
         return None
 
     async def post_any(self, path: str, body: object, model: str | None) -> tuple[int, bytes]:
@@ -412,7 +413,7 @@ class BackendPool:
                 log.debug("backend %s: no models or metrics (%r)", server.url, exc)
             if not server.healthy:
                 if not self.gives_weights():
-                    if self._behind(server):  # the leading process gives them, then tells this one
+                    if self.behind(server):  # the leading process gives them, then tells this one
                         log.debug("backend %s waits for the fleet's weights", server.url)
                         return
                 else:

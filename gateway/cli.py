@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         help="GRPO groups per training step (with --train; default: %(default)s)",
     )
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the gateway and vLLM up when the demo is done, for its rollout viewer (/ui), until Ctrl-C",
+    )
     return parser
 
 
@@ -132,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 steps=args.steps,
                 groups_per_step=args.groups_per_step,
                 group_size=args.group_size or 8,
+                keep=args.keep,
             )
         from gateway.demo.agent import run_demo
     except ModuleNotFoundError as exc:
@@ -147,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         group_size=args.group_size or 4,
         turns=args.turns,
         dialect=args.dialect,
+        keep=args.keep,
     )
 
 
@@ -162,8 +169,7 @@ def _serve(args: argparse.Namespace) -> int:
         from gateway.workers.supervisor import serve
 
         configure_logging(settings)
-        serve(settings, flags_given(args), **server)
-        return 0
+        return serve(settings, flags_given(args), **server)
     import uvicorn
 
     from gateway.app import create_app

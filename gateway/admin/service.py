@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 from gateway.admin.protocol import AdminState, BackendView, WorkerView
 from gateway.errors import ApiError
 from gateway.state import GatewayState
-from gateway.workers.fleet import Load, add_loads, fleet_of, load_of
+from gateway.workers.fleet import Load, add_loads, load_of, share
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,17 @@ async def admin_state(state: GatewayState) -> AdminState:
 async def pause(state: GatewayState, mode: str, timeout: float) -> AdminState:
     """Hold new agent calls, then deal with those in flight as vLLM's own /pause does."""
     await _set_traffic(state, open_=False)
-    if mode == "wait" and not await _everywhere(
-        state, state.traffic.drained(timeout), "/drained", {"timeout": timeout}, wait=timeout
-    ):
-        await _set_traffic(state, open_=True)
-        raise ApiError(504, f"calls still in flight after {timeout:.0f} s: not paused", "pause_timeout")
+    if mode == "wait":
+        try:
+            drained = await _everywhere(
+                state, state.traffic.drained(timeout), "/drained", {"timeout": timeout}, wait=timeout
+            )
+        except ApiError:
+            await _reopen(state)
+            raise
+        if not drained:
+            await _reopen(state)
+            raise ApiError(504, f"calls still in flight after {timeout:.0f} s: not paused", "pause_timeout")
     # vLLM's own pause ends (abort) or freezes (keep) what it is generating and queues what reaches it
     # afterwards: calls still on their way when it paused run after resume, with the new weights.
     await state.backends.call_all("/pause", params={"mode": mode})
@@ -66,50 +73,73 @@ async def resume(state: GatewayState) -> AdminState:
 
 async def set_policy_version(state: GatewayState, version: str) -> AdminState:
     """New turns are stamped with `version`; the backends tag their tokens with it too."""
-    await state.backends.set_weight_version(version)
-    state.recorder.policy_version = version
+    async with _shared(state):
+        await state.backends.set_weight_version(version)
+        state.recorder.policy_version = version
     log.info("policy version is now %s", version)
-    return await _shared(state)
+    return await admin_state(state)
 
 
 async def reload_weights(state: GatewayState) -> AdminState:
     """Every backend reloads its weights from its model directory (where the trainer has just written
     them)."""
-    await state.backends.reload_weights()
+    async with _shared(state):
+        await state.backends.reload_weights()
     log.info("backends reloaded their weights")
-    return await _shared(state)
+    return await admin_state(state)
 
 
 async def add_backend(state: GatewayState, url: str) -> AdminState:
     """A server joins the fleet, checked at once (health, models) so that it takes rollouts if it is up."""
-    await state.backends.check(state.backends.add(url))
-    return await _shared(state)
-
-
-async def drain_backend(state: GatewayState, url: str) -> AdminState:
-    _known(state, url, state.backends.drain)
-    return await _shared(state)
-
-
-async def remove_backend(state: GatewayState, url: str) -> AdminState:
-    _known(state, url, state.backends.remove)
-    return await _shared(state)
-
-
-async def _shared(state: GatewayState) -> AdminState:
-    """Hand this process's fleet (servers, weights, policy version) to the other worker processes."""
-    if state.peers is not None:
-        await state.peers.ask("/fleet", fleet_of(state).model_dump())
+    async with _shared(state):
+        await state.backends.check(state.backends.add(url))
     return await admin_state(state)
 
 
+async def drain_backend(state: GatewayState, url: str) -> AdminState:
+    async with _shared(state):
+        _known(state, url, state.backends.drain)
+    return await admin_state(state)
+
+
+async def remove_backend(state: GatewayState, url: str) -> AdminState:
+    async with _shared(state):
+        _known(state, url, state.backends.remove)
+    return await admin_state(state)
+
+
+@asynccontextmanager
+async def _shared(state: GatewayState) -> AsyncIterator[None]:
+    """Hand this process's fleet (servers, weights, policy version) to the other worker processes after a
+    change, also one that failed half way (some servers took new weights)."""
+    try:
+        yield
+    finally:
+        if state.peers is not None:
+            await share(state, state.peers)
+
+
 async def _set_traffic(state: GatewayState, *, open_: bool) -> None:
+    """Open or close the door of every process; a close that some process missed is undone."""
     if open_:
         state.traffic.open()
     else:
         state.traffic.close()
-    if state.peers is not None:
+    if state.peers is None:
+        return
+    try:
         await state.peers.ask("/traffic", {"open": open_})
+    except ApiError:
+        if not open_:
+            await _reopen(state)
+        raise
+
+
+async def _reopen(state: GatewayState) -> None:
+    """Undo a pause that did not take: every process that can be reached opens its door again."""
+    state.traffic.open()
+    if state.peers is not None:
+        await state.peers.ask("/traffic", {"open": True}, strict=False)
 
 
 async def _everywhere(

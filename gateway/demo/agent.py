@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -297,13 +299,15 @@ def engine_and_gateway(
         with GatewayProcess([vllm.url], db_url, log_path=root / f"gateway{suffix}.log") as gateway:
             say(
                 f"    gateway is up at {gateway.url}; agents use "
-                f"OPENAI_BASE_URL={gateway.url}/rollouts/<id>/v1"
+                f"OPENAI_BASE_URL={gateway.url}/rollouts/<id>/v1; watch the rollouts at {gateway.url}/ui"
             )
             yield gateway
     say("Stopped the gateway and vLLM.")
 
 
-def run_demo(*, workdir: str, groups: int, group_size: int, turns: int, dialect: str = "chat") -> int:
+def run_demo(
+    *, workdir: str, groups: int, group_size: int, turns: int, dialect: str = "chat", keep: bool = False
+) -> int:
     root = Path(workdir).resolve()
     db_path, db_url = fresh_database(root, "demo.db")
     say(f"[1/4] Building the tiny model in {root / 'model'}")
@@ -314,5 +318,27 @@ def run_demo(*, workdir: str, groups: int, group_size: int, turns: int, dialect:
             f"the agent speaking {DIALECT_NAMES[dialect]}"
         )
         asyncio.run(run_groups(gateway, groups, group_size, turns, dialect))
-    print_summary(db_url, db_path)
+        print_summary(db_url, db_path)
+        show_viewer(gateway, keep)
     return 0
+
+
+def show_viewer(gateway: GatewayProcess, keep: bool) -> None:
+    """Where to look at what the demo recorded; with `keep`, the gateway and vLLM serve the viewer until the
+    user stops them (Ctrl-C, or SIGTERM)."""
+    say(f"\nThe rollouts, token by token: {gateway.url}/ui")
+    if not keep:
+        say("  (run the demo with --keep to keep the gateway up for it)")
+        return
+    say("The gateway and vLLM stay up for the viewer; press Ctrl-C to stop them.")
+
+    def stop(_signal: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        say("")
+    finally:
+        signal.signal(signal.SIGTERM, previous)

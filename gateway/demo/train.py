@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from gateway.demo.agent import engine_and_gateway, fresh_database, say
+from gateway.demo.agent import engine_and_gateway, fresh_database, say, show_viewer
 from gateway.demo.tiny_model import build_tiny_model
 from trainer_client.reference.loop import LoopConfig, LoopResult, run_loop, save_report
 from trainer_client.reference.runner import RunnerConfig
@@ -28,7 +28,9 @@ def fresh_policy(base: Path, policy: Path) -> Path:
     return policy
 
 
-def run_train_demo(*, workdir: str, steps: int, groups_per_step: int, group_size: int) -> int:
+def run_train_demo(
+    *, workdir: str, steps: int, groups_per_step: int, group_size: int, keep: bool = False
+) -> int:
     root = Path(workdir).resolve()
     db_path, db_url = fresh_database(root, "train.db")
     say(f"[1/4] Building the tiny model in {root / 'model'} and a policy copy to train")
@@ -41,11 +43,12 @@ def run_train_demo(*, workdir: str, steps: int, groups_per_step: int, group_size
             f"{config.eval_every} steps"
         )
         result = run_loop(config, on_step=lambda report: say("    " + report.line()))
-    print_result(result)
-    report, plot = save_report(result, root)
-    threshold = DEMO_TASK.pass_threshold
-    say(f"\nReport: {report}\nPlot:   {plot}\nDatabase: {db_path}")
-    say(f"  try: trainer-client eval --db {db_url} -k 1 -k 4 --pass-threshold {threshold}")
+        print_result(result)
+        report, plot = save_report(result, root)
+        threshold = DEMO_TASK.pass_threshold
+        say(f"\nReport: {report}\nPlot:   {plot}\nDatabase: {db_path}")
+        say(f"  try: trainer-client eval --db {db_url} -k 1 -k 4 --pass-threshold {threshold}")
+        show_viewer(gateway, keep)
     return 0
 
 

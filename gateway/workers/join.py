@@ -8,7 +8,7 @@ import logging
 from aiohttp import web
 
 from gateway.state import GatewayState
-from gateway.workers.fleet import Fleet, adopt, fleet_of
+from gateway.workers.fleet import Fleet, receive, weights_of
 from gateway.workers.peers import Peers
 from gateway.workers.routes import listen
 
@@ -16,12 +16,13 @@ log = logging.getLogger(__name__)
 
 
 async def join_workers(state: GatewayState, peers: Peers) -> web.AppRunner:
-    listening = await listen(state, peers)
-    running = await peers.ask("/fleet")
-    if running:
-        await adopt(state, Fleet.model_validate(running[0]), pause=True)
-        log.info("worker joined %d running: policy version %s", len(running), state.recorder.policy_version)
     peers.leads()
     state.backends.gives_weights = peers.leads
-    state.backends.caught_up = lambda: peers.tell("/fleet", fleet_of(state).model_dump())
+    state.backends.caught_up = lambda server: peers.tell("/caught_up", weights_of(server).model_dump())
+    listening = await listen(state, peers)
+    running = [Fleet.model_validate(fleet) for fleet in await peers.ask("/fleet", strict=False)]
+    if running:
+        newest = max(running, key=lambda fleet: fleet.generation)
+        receive(state, peers, newest, pause=True)
+        log.info("worker joined %d running: policy version %s", len(running), state.recorder.policy_version)
     return listening

@@ -12,18 +12,23 @@ from aiohttp import web
 
 from gateway.metrics import samples
 from gateway.state import GatewayState
-from gateway.workers.fleet import Fleet, adopt, fleet_of, load_of
+from gateway.workers.fleet import Fleet, ServerWeights, fleet_of, load_of, receive, take_weights
 from gateway.workers.peers import Peers
 
 Handler = Callable[[GatewayState, Any], Awaitable[object]]
 
 
 async def _fleet(state: GatewayState, _body: None) -> object:
-    return fleet_of(state).model_dump()
+    return fleet_of(state, _peers(state).generation).model_dump()
 
 
-async def _adopt(state: GatewayState, body: dict[str, Any]) -> object:
-    await adopt(state, Fleet.model_validate(body))
+async def _receive(state: GatewayState, body: dict[str, Any]) -> object:
+    receive(state, _peers(state), Fleet.model_validate(body))
+    return {}
+
+
+async def _caught_up(state: GatewayState, body: dict[str, Any]) -> object:
+    take_weights(state, ServerWeights.model_validate(body))
     return {}
 
 
@@ -60,7 +65,8 @@ async def _metrics(state: GatewayState, _body: None) -> object:
 
 _ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/fleet", _fleet),
-    ("POST", "/fleet", _adopt),
+    ("POST", "/fleet", _receive),
+    ("POST", "/caught_up", _caught_up),
     ("GET", "/load", _load),
     ("POST", "/traffic", _traffic),
     ("POST", "/drained", _drained),
@@ -68,6 +74,11 @@ _ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/forget", _forget),
     ("GET", "/metrics", _metrics),
 ]
+
+
+def _peers(state: GatewayState) -> Peers:
+    assert state.peers is not None, "served only to the other workers"
+    return state.peers
 
 
 def _route(state: GatewayState, handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:

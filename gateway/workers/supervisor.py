@@ -12,6 +12,8 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
 from gateway.settings import Settings
 
@@ -19,15 +21,16 @@ _SPEC = "RL_GATEWAY_WORKER"
 """How the supervisor hands its workers the command line's settings and the peers' directory."""
 
 
-def serve(settings: Settings, flags: dict[str, Any], **server: Any) -> None:
+def serve(settings: Settings, flags: dict[str, Any], **server: Any) -> int:
     """Run `settings.workers` processes until stopped; `flags` are the command line's settings (the
-    environment's reach the workers by inheritance)."""
+    environment's reach the workers by inheritance). 3 when a worker could not start (uvicorn then stops them
+    all), else 0."""
     from gateway.store.database import ensure_schema
 
     ensure_schema(settings.db)  # once, before the workers start
     with tempfile.TemporaryDirectory(prefix="gateway-workers-") as directory:
         os.environ[_SPEC] = json.dumps({"flags": flags, "peers": directory})
-        uvicorn.run(
+        config = uvicorn.Config(
             f"{__name__}:worker_app",
             factory=True,
             workers=settings.workers,
@@ -36,6 +39,10 @@ def serve(settings: Settings, flags: dict[str, Any], **server: Any) -> None:
             log_level=settings.log_level,
             **server,
         )
+        supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+        supervisor.run()
+    failed = any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes)
+    return STARTUP_FAILURE if failed else 0
 
 
 def worker_app() -> FastAPI:
