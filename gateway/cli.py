@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--train", action="store_true", help="run rollout workers and the reference GRPO trainer"
     )
     demo.add_argument(
-        "--steps", type=int, default=20, help="training steps (with --train; default: %(default)s)"
+        "--steps", type=int, default=12, help="training steps (with --train; default: %(default)s)"
     )
     demo.add_argument(
         "--groups-per-step",

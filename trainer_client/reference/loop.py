@@ -24,7 +24,7 @@ from gateway.store.database import make_engine
 from gateway.store.evaluation import evaluation_report
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig, RunnerStats
 from trainer_client.reference.task import Task
-from trainer_client.reference.toy_task import CharacterShareTask
+from trainer_client.reference.toy_task import TargetCharactersTask
 from trainer_client.reference.trainer import GRPOTrainer, StepReport, TrainerConfig
 
 
@@ -32,7 +32,7 @@ from trainer_client.reference.trainer import GRPOTrainer, StepReport, TrainerCon
 class LoopConfig:
     trainer: TrainerConfig
     runner: RunnerConfig = field(default_factory=RunnerConfig)
-    task: Task = field(default_factory=CharacterShareTask)
+    task: Task = field(default_factory=TargetCharactersTask)
     eval_every: int = 5
     eval_groups: int = 4
     """Evaluation groups per round; each group is one prompt sampled `runner.group_size` times (pass@k)."""
