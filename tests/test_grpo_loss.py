@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -61,3 +62,25 @@ def test_truncated_importance_weight_uses_the_trainers_recomputation():
 def test_unknown_aggregation_is_refused():
     with pytest.raises(ValueError, match="unknown aggregation"):
         grpo_loss(OLD, OLD, ADV, MASK, aggregation="sum")  # type: ignore[arg-type]
+
+
+class _Logits(torch.nn.Module):
+    """A causal LM stand-in whose next-token distribution is fixed: `probs` at every position."""
+
+    def __init__(self, probs: list[float]) -> None:
+        super().__init__()
+        self.log_probs = torch.log(torch.tensor(probs))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.log_probs.expand(*input_ids.shape, -1))
+
+
+def test_the_reference_trainer_reads_each_tokens_logprob_and_the_policys_entropy_there():
+    from trainer_client.reference.trainer import token_logprobs
+
+    ids = torch.tensor([[0, 1, 2, 1]])
+    logprobs, entropy = token_logprobs(_Logits([0.5, 0.25, 0.25]), ids, torch.ones_like(ids))
+
+    assert logprobs[0].tolist() == pytest.approx([0.0, math.log(0.25), math.log(0.25), math.log(0.25)])
+    h = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
+    assert entropy[0].tolist() == pytest.approx([0.0, h, h, h])

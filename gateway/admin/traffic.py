@@ -62,14 +62,16 @@ class Traffic:
             return False
         return True
 
-    async def settled(self, quiet: float, timeout: float) -> None:
+    async def settled(self, quiet: float, timeout: float, first: float | None = None) -> None:
         """Wait until calls stop ending: none in flight, or none ended for `quiet` seconds (those left wait
-        for something else, such as vLLM's queue); at most `timeout` seconds."""
+        for something else, such as vLLM's queue), or, while none has ended yet, for `first` seconds (default
+        `quiet`); at most `timeout` seconds."""
         started = time.monotonic()
         deadline = started + timeout
         while self.in_flight:
             now = time.monotonic()
-            still = quiet - (now - max(self._left_at, started))
+            ended = self._left_at > started
+            still = (quiet if ended else first or quiet) - (now - (self._left_at if ended else started))
             if still <= 0 or now >= deadline:
                 return
             await asyncio.sleep(min(still, deadline - now))

@@ -55,10 +55,10 @@ def run_train_demo(
 def demo_config(
     policy: Path, db_url: str, gateway_url: str, steps: int, groups_per_step: int, group_size: int
 ) -> LoopConfig:
-    """The demo's settings. Measured on 2 cores: mean reward climbs every step from about 0.12 at version 0
-    to the full 1.0 by version 9 or 10 (the policy then fills its 16 tokens with a token holding two `e`s);
-    with half the learning rate it stopped at 0.63, its sampling gone deterministic. A step takes about 2 s,
-    mostly waiting for the next groups."""
+    """The demo's settings. Measured on 2 cores (two runs): mean reward climbs from about 0.12 at version 0
+    to 0.97-1.0 by version 8 or 9, where the policy fills its 16 tokens with a token holding two `e`s.
+    Without the entropy bonus one run of two stopped at 0.53, its sampling gone deterministic (every group's
+    rewards equal). A step takes about 2 s, mostly waiting for the next groups."""
     trainer = TrainerConfig(
         model_dir=policy,
         db=db_url,
@@ -66,6 +66,7 @@ def demo_config(
         steps=steps,
         groups_per_step=groups_per_step,
         learning_rate=1e-2,  # a tiny random model: measured to learn steadily; 3e-2 collapses in 3 steps
+        entropy_bonus=0.02,  # keeps the tiny policy sampling until it has learnt the task
         torch_threads=1,  # vLLM's engine needs the other core of a small machine
     )
     return LoopConfig(trainer=trainer, runner=RunnerConfig(group_size=group_size), task=DEMO_TASK)

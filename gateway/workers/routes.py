@@ -49,7 +49,7 @@ async def _drained(state: GatewayState, body: dict[str, Any]) -> object:
 
 
 async def _settled(state: GatewayState, body: dict[str, Any]) -> object:
-    await state.traffic.settled(float(body["quiet"]), float(body["timeout"]))
+    await state.traffic.settled(float(body["quiet"]), float(body["timeout"]), float(body["first"]))
     return {}
 
 

@@ -48,6 +48,9 @@ class TrainerConfig:
     groups_per_step: int = 4
     learning_rate: float = 1e-6
     clip: float = 0.2
+    entropy_bonus: float = 0.0
+    """Weight of the policy's mean entropy on the loss tokens, subtracted from the loss: it keeps a small
+    policy from turning deterministic, after which every group's rewards are equal and nothing is learnt."""
     max_grad_norm: float = 1.0
     max_staleness: int = 1
     """Samples from more than this many versions before the current one are skipped."""
@@ -253,15 +256,7 @@ class GRPOTrainer:
     def train_on(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on the batch; the ratio is taken against the engine's sampling logprobs."""
         tensors = batch.padded()
-        logprobs = token_logprobs(self.model, tensors["input_ids"], tensors["attention_mask"])
-        loss, metrics = grpo_loss(
-            logprobs,
-            tensors["old_logprobs"],
-            tensors["advantages"],
-            tensors["loss_mask"],
-            clip_low=self.config.clip,
-            clip_high=self.config.clip,
-        )
+        loss, metrics = self.loss(tensors)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
@@ -280,15 +275,7 @@ class GRPOTrainer:
         sums = torch.zeros(3, dtype=torch.float64)  # loss, approx_kl and clip_fraction weighted by tokens
         if shard.batch.samples:
             tensors = shard.batch.padded()
-            logprobs = token_logprobs(self.model, tensors["input_ids"], tensors["attention_mask"])
-            loss, metrics = grpo_loss(
-                logprobs,
-                tensors["old_logprobs"],
-                tensors["advantages"],
-                tensors["loss_mask"],
-                clip_low=self.config.clip,
-                clip_high=self.config.clip,
-            )
+            loss, metrics = self.loss(tensors)
             weighted = loss * shard.token_share
             weighted.backward()  # type: ignore[no-untyped-call]
             tokens = float(tensors["loss_mask"].sum())
@@ -308,6 +295,21 @@ class GRPOTrainer:
             "loss_tokens": float(shard.loss_tokens),
         }
 
+    def loss(self, tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped GRPO loss against the engine's sampling logprobs, less the entropy bonus."""
+        logprobs, entropy = token_logprobs(self.model, tensors["input_ids"], tensors["attention_mask"])
+        loss, metrics = grpo_loss(
+            logprobs,
+            tensors["old_logprobs"],
+            tensors["advantages"],
+            tensors["loss_mask"],
+            clip_low=self.config.clip,
+            clip_high=self.config.clip,
+        )
+        mask = tensors["loss_mask"].to(entropy.dtype)
+        mean_entropy = (entropy * mask).sum() / mask.sum().clamp(min=1)
+        return loss - self.config.entropy_bonus * mean_entropy, {**metrics, "entropy": float(mean_entropy)}
+
     def sync(self, version: int) -> None:
         """Write the weights where vLLM reads them, have every backend reload them, then take the version."""
         with self.admin.weight_sync(str(version), mode=self.config.sync_mode):
@@ -324,12 +326,14 @@ class GRPOTrainer:
 
 def token_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> torch.Tensor:
-    """[B, T] logprob of each token given those before it (0 at position 0), as `Batch.padded()` aligns
-    them."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] logprob of each token given those before it, and the policy's entropy there (both 0 at
+    position 0), as `Batch.padded()` aligns them."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(picked, (1, 0))
+    every = torch.log_softmax(logits, dim=-1)
+    picked = every.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = -(every.exp() * every).sum(-1)
+    return torch.nn.functional.pad(picked, (1, 0)), torch.nn.functional.pad(entropy, (1, 0))
 
 
 def save_weights(model: torch.nn.Module, model_dir: Path) -> None:
