@@ -128,7 +128,7 @@ def test_admin_api_requires_the_token_when_one_is_set(fresh):
         "waiting": 0,
         "policy_version": "0",
         "backends": allowed.json()["backends"],
-        "workers": [{"pid": gateway.pid, "in_flight": 0, "waiting": 0, "requests": 0}],
+        "workers": [{"pid": gateway.pid, "policy_version": "0", "in_flight": 0, "waiting": 0, "requests": 0}],
     }
 
 

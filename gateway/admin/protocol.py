@@ -54,6 +54,8 @@ class BackendView(BaseModel):
 
 class WorkerView(BaseModel):
     pid: int
+    policy_version: str
+    """The version it stamps on new turns (every process holds the gateway's)."""
     in_flight: int
     waiting: int
     requests: int

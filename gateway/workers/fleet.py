@@ -49,14 +49,21 @@ class Load(BaseModel):
     """One process's share of the work: what it adds to the gateway's numbers."""
 
     pid: int
+    policy_version: str
     in_flight: int
     waiting: int
     servers: dict[str, ServerLoad]
 
-    def worker(self) -> dict[str, int]:
+    def worker(self) -> dict[str, object]:
         """As `GET /admin/state` lists it (`WorkerView`)."""
         requests = sum(server.requests for server in self.servers.values())
-        return {"pid": self.pid, "in_flight": self.in_flight, "waiting": self.waiting, "requests": requests}
+        return {
+            "pid": self.pid,
+            "policy_version": self.policy_version,
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "requests": requests,
+        }
 
 
 def fleet_of(state: GatewayState, generation: int) -> Fleet:
@@ -139,6 +146,7 @@ def weights_of(server: Server) -> ServerWeights:
 def load_of(state: GatewayState) -> Load:
     return Load(
         pid=os.getpid(),
+        policy_version=state.recorder.policy_version,
         in_flight=state.traffic.in_flight,
         waiting=state.traffic.waiting,
         servers={
