@@ -79,8 +79,10 @@ def test_the_reference_trainer_reads_each_tokens_logprob_and_the_policys_entropy
     from trainer_client.reference.trainer import token_logprobs
 
     ids = torch.tensor([[0, 1, 2, 1]])
-    logprobs, entropy = token_logprobs(_Logits([0.5, 0.25, 0.25]), ids, torch.ones_like(ids))
+    logprobs, entropy = token_logprobs(_Logits([0.5, 0.25, 0.25]), ids, torch.ones_like(ids), entropy=True)
+    _, without = token_logprobs(_Logits([0.5, 0.25, 0.25]), ids, torch.ones_like(ids))
 
     assert logprobs[0].tolist() == pytest.approx([0.0, math.log(0.25), math.log(0.25), math.log(0.25)])
     h = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
-    assert entropy[0].tolist() == pytest.approx([0.0, h, h, h])
+    assert entropy is not None and entropy[0].tolist() == pytest.approx([0.0, h, h, h])
+    assert without is None

@@ -53,13 +53,13 @@ async def rollouts(
     """The newest rollouts (filtered) with their counts, and reward per policy version."""
     filters = queries.Filters(group, tag, status, version)
 
-    def overview(conn: Connection, _: str) -> dict[str, Any]:
+    def overview(conn: Connection) -> dict[str, Any]:
         return {
             "rollouts": queries.rollouts(conn, filters, limit),
             "versions": queries.reward_by_version(conn),
         }
 
-    return JsonResponse(await _read(state, overview, ""))
+    return JsonResponse(await _read(state, overview))
 
 
 @router.get("/rollouts/{rollout_id}")
@@ -83,7 +83,7 @@ async def rollout(rollout_id: str, state: GatewayState = Depends(require_viewer)
 @router.get("/api/rollouts/{rollout_id}/samples")
 async def trainer_samples(rollout_id: str, state: GatewayState = Depends(require_viewer)) -> Response:
     """What `trainer_client` would train on for this rollout: merged samples with loss mask and advantage."""
-    found = await _read(state, queries.trainer_samples, rollout_id)
+    found = await _read(state, lambda conn: queries.trainer_samples(conn, rollout_id))
     if found is None:
         raise ApiError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
     return JsonResponse(found)
@@ -97,16 +97,18 @@ async def group_page(group_id: str, _: GatewayState = Depends(require_viewer)) -
 @router.get("/api/groups/{group_id}")
 async def group(group_id: str, state: GatewayState = Depends(require_viewer)) -> Response:
     """The group's rollouts side by side, with rewards and the advantages a trainer would give them."""
-    found = await _read(state, queries.group, group_id)
+    found = await _read(state, lambda conn: queries.group(conn, group_id))
     if found is None:
         raise ApiError(404, f"group {group_id!r} has no rollouts", "group_not_found")
     return JsonResponse(found)
 
 
-async def _read(state: GatewayState, query: Callable[[Connection, str], T], key: str) -> T:
+async def _read(state: GatewayState, query: Callable[[Connection], T]) -> T:
+    """`query` on a connection of the store, in a thread (the event loop keeps serving)."""
+
     def read() -> T:
         with state.store.engine.connect() as conn:
-            return query(conn, key)
+            return query(conn)
 
     return await asyncio.to_thread(read)
 

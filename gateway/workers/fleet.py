@@ -165,6 +165,6 @@ def add_loads(state: dict[str, Any], loads: list[Load]) -> dict[str, Any]:
         for backend in state["backends"]:
             theirs = load.servers.get(backend["url"])
             if theirs is not None:
-                for field in ("in_flight", "pinned", "requests", "errors"):
+                for field in ServerLoad.model_fields:
                     backend[field] += getattr(theirs, field)
     return state

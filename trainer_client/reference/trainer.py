@@ -297,7 +297,10 @@ class GRPOTrainer:
 
     def loss(self, tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped GRPO loss against the engine's sampling logprobs, less the entropy bonus."""
-        logprobs, entropy = token_logprobs(self.model, tensors["input_ids"], tensors["attention_mask"])
+        bonus = self.config.entropy_bonus
+        logprobs, entropy = token_logprobs(
+            self.model, tensors["input_ids"], tensors["attention_mask"], entropy=bonus > 0
+        )
         loss, metrics = grpo_loss(
             logprobs,
             tensors["old_logprobs"],
@@ -306,9 +309,11 @@ class GRPOTrainer:
             clip_low=self.config.clip,
             clip_high=self.config.clip,
         )
+        if entropy is None:
+            return loss, metrics
         mask = tensors["loss_mask"].to(entropy.dtype)
         mean_entropy = (entropy * mask).sum() / mask.sum().clamp(min=1)
-        return loss - self.config.entropy_bonus * mean_entropy, {**metrics, "entropy": float(mean_entropy)}
+        return loss - bonus * mean_entropy, {**metrics, "entropy": float(mean_entropy)}
 
     def sync(self, version: int) -> None:
         """Write the weights where vLLM reads them, have every backend reload them, then take the version."""
@@ -325,15 +330,17 @@ class GRPOTrainer:
 
 
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T] logprob of each token given those before it, and the policy's entropy there (both 0 at
-    position 0), as `Batch.padded()` aligns them."""
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B, T] logprob of each token given those before it, and with `entropy` the policy's entropy there
+    (both 0 at position 0), as `Batch.padded()` aligns them. The entropy costs two more [B, T, vocab]
+    tensors: it is computed only when asked for."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     every = torch.log_softmax(logits, dim=-1)
-    picked = every.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = -(every.exp() * every).sum(-1)
-    return torch.nn.functional.pad(picked, (1, 0)), torch.nn.functional.pad(entropy, (1, 0))
+    picked = torch.nn.functional.pad(every.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))
+    if not entropy:
+        return picked, None
+    return picked, torch.nn.functional.pad(-(every.exp() * every).sum(-1), (1, 0))
 
 
 def save_weights(model: torch.nn.Module, model_dir: Path) -> None:
