@@ -197,15 +197,29 @@ class BackendPool:
         if candidate is None:
             raise BackendFailure("unreachable", _none_for(model, self.servers.values()))
         keep = [s.url for s in self.servers.values() if usable(s, model)]
-        if self.pin_store is not None:
-            url, left, placed = await self.pin_store(rollout_id, candidate.url, keep)
-        else:
+        if self.pin_store is None:
             url, left, placed = candidate.url, pinned[0] if pinned else None, True
+        else:
+            # The choice and its count are one step: the candidate holds the rollout while the store's
+            # compare-and-set is awaited, so that the rollouts of a group starting together, placed in that
+            # window, see it and spread. The hold is given back, and the pin counted, with no await between.
+            candidate.pinned += 1
+            try:
+                url, left, placed = await self.pin_store(rollout_id, candidate.url, keep)
+            finally:
+                candidate.pinned -= 1
         server = self.servers.get(url, candidate)
         self._remember(rollout_id, server.url, placed)
         return server, left if left != server.url else None
 
     def _remember(self, rollout_id: str, url: str, placed: bool) -> None:
+        known = self._pins.get(rollout_id)
+        if known is not None and known[0] == url:  # two calls of one rollout placed it at once: count it once
+            if placed and not known[1]:
+                self._pins[rollout_id] = (url, True)
+                self.servers[url].pinned += 1
+            self._pins.move_to_end(rollout_id)
+            return
         self.forget(rollout_id)
         self._pins[rollout_id] = (url, placed)
         if placed:

@@ -41,8 +41,9 @@ def start_servers(model_dir: Path, work_dir: Path, names: list[str]) -> list[VLL
 
 @pytest.fixture(scope="module")
 def fleet(model_dir: Path, work_dir: Path) -> Iterator[list[VLLMServer]]:
-    """Two servers of the policy ("tiny") and one of a side model ("judge")."""
-    servers = start_servers(model_dir, work_dir, ["tiny", "tiny", "judge"])
+    """Two servers of the policy ("tiny"), one of a side model ("judge"), and a third of the policy that the
+    last test adds at run time (the others use it with the session's server for a fleet of four)."""
+    servers = start_servers(model_dir, work_dir, ["tiny", "tiny", "judge", "tiny"])
     try:
         yield servers
     finally:
@@ -72,8 +73,8 @@ def wait_until_models_known(gateway: GatewayProcess, count: int) -> None:
 
 
 def test_rollouts_stay_on_their_server_spread_by_load_and_routed_by_model(fleet, start_gateway, databases):
-    tiny_a, tiny_b, judge = fleet
-    gateway = start_gateway(databases.new("sqlite"), *HEALTH, backends=[s.url for s in fleet])
+    tiny_a, tiny_b, judge, _ = fleet
+    gateway = start_gateway(databases.new("sqlite"), *HEALTH, backends=[s.url for s in fleet[:3]])
     wait_until_models_known(gateway, 3)
     rollouts = [f"sticky-{uuid.uuid4().hex[:8]}" for _ in range(6)]
 
@@ -88,8 +89,8 @@ def test_rollouts_stay_on_their_server_spread_by_load_and_routed_by_model(fleet,
     assert backends_of(gateway, "side-call") == [judge.url]
     state = state_of(gateway)
     assert (state[tiny_a.url]["models"], state[judge.url]["models"]) == (["tiny"], ["judge"])
-    assert [state[s.url]["pinned"] for s in fleet] == [3, 3, 1]
-    assert all(state[s.url]["healthy"] and state[s.url]["in_flight"] == 0 for s in fleet)
+    assert [state[s.url]["pinned"] for s in fleet[:3]] == [3, 3, 1]
+    assert all(state[s.url]["healthy"] and state[s.url]["in_flight"] == 0 for s in fleet[:3])
     assert all(stored_rollout(gateway, r)["backend"] == server for r, (server,) in placed.items())
 
     metrics = httpx.get(f"{gateway.url}/metrics").text
@@ -105,7 +106,7 @@ def test_rollouts_stay_on_their_server_spread_by_load_and_routed_by_model(fleet,
 
 
 def test_a_drained_server_takes_no_new_rollout_and_finishes_its_own(fleet, start_gateway, databases):
-    tiny_a, tiny_b, _ = fleet
+    tiny_a, tiny_b, *_ = fleet
     gateway = start_gateway(databases.new("sqlite"), *HEALTH, backends=[tiny_a.url, tiny_b.url])
     wait_until_models_known(gateway, 2)
     first = [f"before-{i}" for i in range(2)]
@@ -129,7 +130,7 @@ def test_a_drained_server_takes_no_new_rollout_and_finishes_its_own(fleet, start
 
 
 def test_backend_admin_calls_refuse_unknown_and_last_servers(fleet, start_gateway, databases):
-    tiny_a, tiny_b, _ = fleet
+    tiny_a, tiny_b, *_ = fleet
     gateway = start_gateway(databases.new("sqlite"), backends=[tiny_a.url, tiny_b.url])
 
     unknown = admin(gateway, "/backends/drain", json={"url": "http://127.0.0.1:1"})
@@ -146,7 +147,7 @@ def test_backend_admin_calls_refuse_unknown_and_last_servers(fleet, start_gatewa
 
 
 def test_two_replicas_on_postgresql_route_each_rollout_to_one_server(fleet, start_gateway, databases):
-    tiny_a, tiny_b, _ = fleet
+    tiny_a, tiny_b, *_ = fleet
     db_url = databases.new("postgresql")
     replicas = [start_gateway(db_url, *HEALTH, backends=[tiny_a.url, tiny_b.url]) for _ in range(2)]
     rollouts = [f"replicated-{i}" for i in range(6)]
@@ -168,10 +169,45 @@ def test_two_replicas_on_postgresql_route_each_rollout_to_one_server(fleet, star
     assert {server for (server,) in placed} == {tiny_a.url, tiny_b.url}
 
 
-def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_run_time_takes_new_rollouts(
-    fleet, start_gateway, databases, model_dir, work_dir
+@pytest.mark.parametrize("replicas", [("sqlite", 1), ("postgresql", 1), ("postgresql", 2)], ids=str)
+def test_a_group_started_at_once_spreads_over_the_fleet_within_the_bound(
+    fleet, vllm, start_gateway, databases, replicas
 ):
-    tiny_a, tiny_b, _ = fleet
+    """GRPO starts every rollout of a group at once: placements made while others await the store's pin
+    still see each other, on one gateway and across replicas."""
+    store, count = replicas
+    servers = [fleet[0].url, fleet[1].url, fleet[3].url, vllm.url]
+    db_url = databases.new(store)
+    gateways = [start_gateway(db_url, backends=servers) for _ in range(count)]
+    rollouts = [f"group-{uuid.uuid4().hex[:8]}" for _ in range(64)]
+
+    async def agent(index: int, rollout_id: str) -> None:
+        for turn in range(2):  # every first call at the same moment, then every second one
+            gateway = gateways[(index + turn) % count]
+            client = openai.AsyncOpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0)
+            messages = [{"role": "user", "content": f"{rollout_id} {turn}"}]
+            await client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+
+    async def group() -> None:
+        await asyncio.gather(*(agent(i, rollout_id) for i, rollout_id in enumerate(rollouts)))
+
+    asyncio.run(group())
+
+    placed = [set(backends_of(gateways[0], rollout_id)) for rollout_id in rollouts]
+    assert [len(servers) for servers in placed] == [1] * 64  # every turn of a rollout on one server
+    spread = Counter(server for (server,) in placed)
+    assert set(spread) == set(servers)
+    assert max(spread.values()) <= share_bound(64, 4) == 20, spread
+    pinned = Counter()
+    for gateway in gateways:  # each process counts the rollouts it placed: together, all of them
+        pinned.update({url: b["pinned"] for url, b in state_of(gateway).items()})
+    assert pinned == spread
+
+
+def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_run_time_takes_new_rollouts(
+    fleet, start_gateway, databases
+):
+    tiny_a, tiny_b, _, added = fleet
     gateway = start_gateway(databases.new("sqlite"), *HEALTH, backends=[tiny_a.url, tiny_b.url])
     wait_until_models_known(gateway, 2)
     rollouts = [f"crash-{i}" for i in range(8)]
@@ -221,31 +257,23 @@ def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_ru
     assert moved and {t["repinned_from"] for t in moved} == {tiny_b.url}
     assert state_of(gateway)[tiny_b.url]["healthy"] is False
 
-    # A weight update while the fleet is one server short: the server added next must catch up first.
+    # A weight update while the fleet is one server short: the server added next must catch up first (it
+    # served other gateways before: this one has given it nothing yet).
     admin(gateway, "/reload_weights").raise_for_status()
     admin(gateway, "/policy_version", json={"version": "7"}).raise_for_status()
-    (added,) = start_servers(model_dir, work_dir, ["tiny"])
-    try:
-        admin(gateway, "/backends", json={"url": added.url}).raise_for_status()
-        for i in range(3):
-            call(gateway, f"fresh-{i}")
-        assert [backends_of(gateway, f"fresh-{i}") for i in range(3)] == [[added.url]] * 3
-        state = state_of(gateway)[added.url]
-        assert (state["models"], state["weight_version"], state["reloads"]) == (["tiny"], "7", 1)
-        assert (
-            state_of(gateway)[tiny_b.url]["weight_version"],
-            state_of(gateway)[tiny_b.url]["reloads"],
-        ) == (
-            None,
-            0,
-        )
-        # vLLM itself tags what the added server samples with the fleet's version.
-        httpx.post(
-            f"{gateway.url}/rollouts", json={"rollout_id": "fresh-exact", "mode": "exact"}
-        ).raise_for_status()
-        call(gateway, "fresh-exact")
-        (turn,) = stored_rollout(gateway, "fresh-exact")["turns"]
-        assert turn["backend"] == added.url
-        assert [span["version"] for span in turn["weight_versions"]] == ["7"]
-    finally:
-        added.stop()
+    admin(gateway, "/backends", json={"url": added.url}).raise_for_status()
+    for i in range(3):
+        call(gateway, f"fresh-{i}")
+    assert [backends_of(gateway, f"fresh-{i}") for i in range(3)] == [[added.url]] * 3
+    state = state_of(gateway)[added.url]
+    assert (state["models"], state["weight_version"], state["reloads"]) == (["tiny"], "7", 1)
+    killed = state_of(gateway)[tiny_b.url]
+    assert (killed["weight_version"], killed["reloads"]) == (None, 0)
+    # vLLM itself tags what the added server samples with the fleet's version.
+    httpx.post(
+        f"{gateway.url}/rollouts", json={"rollout_id": "fresh-exact", "mode": "exact"}
+    ).raise_for_status()
+    call(gateway, "fresh-exact")
+    (turn,) = stored_rollout(gateway, "fresh-exact")["turns"]
+    assert turn["backend"] == added.url
+    assert [span["version"] for span in turn["weight_versions"]] == ["7"]

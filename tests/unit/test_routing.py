@@ -3,13 +3,20 @@ its prefix cache."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-from gateway.backend import prefix_hit_rate
+import pytest
+
+from gateway.backend import BackendPool, prefix_hit_rate
 from gateway.fleet.discovery import BackendFile
 from gateway.fleet.routing import choose, share_bound
 from gateway.fleet.servers import Server
+from gateway.store.database import ensure_schema
+from gateway.store.store import Store
 
 
 def servers(*loads: tuple[int, int]) -> list[Server]:
@@ -94,3 +101,63 @@ def test_a_backend_file_is_read_again_only_when_it_changes(tmp_path: Path):
     path.write_text("# nothing\n")
     os.utime(path, (2, 2))
     assert listed.changed() is None  # an empty list would leave no server: the fleet stays
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def placing(tmp_path: Path) -> AsyncIterator[tuple[BackendPool, Store]]:
+    """A pool of three servers (never called: placement alone) pinning through a real SQLite store."""
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    ensure_schema(url)
+    store = Store(url)
+    pool = BackendPool(
+        ["http://s0", "http://s1", "http://s2"], timeout=5, connect_timeout=5, max_connections=8
+    )
+    pool.pin_store = store.pin
+    try:
+        yield pool, store
+    finally:
+        await pool.close()
+        store.close()
+
+
+@pytest.mark.anyio
+async def test_rollouts_placed_at_the_same_moment_spread_evenly(placing):
+    pool, store = placing
+    placed = await asyncio.gather(*(pool.route(f"group-{i}", None) for i in range(12)))
+
+    assert Counter(server.url for server, _ in placed) == {"http://s0": 4, "http://s1": 4, "http://s2": 4}
+    assert [server.pinned for server in pool.servers.values()] == [4, 4, 4]
+    stored = await asyncio.gather(*(store.pin(f"group-{i}", "http://s0", pool.urls) for i in range(12)))
+    assert [pin.url for pin in stored] == [server.url for server, _ in placed]  # the store agrees
+
+
+@pytest.mark.anyio
+async def test_a_placement_the_store_overrides_is_given_back_and_not_counted(placing):
+    pool, store = placing
+    await store.pin("elsewhere", "http://s2", pool.urls)  # another replica placed it first
+
+    (server, moved), *others = await asyncio.gather(
+        pool.route("elsewhere", None), *(pool.route(f"r{i}", None) for i in range(3))
+    )
+
+    assert (server.url, moved) == ("http://s2", None)
+    # Held while the store was asked, then given back: only the three this pool placed count.
+    counts = Counter(s.url for s, _ in others)
+    assert {s.url: s.pinned for s in pool.servers.values()} == {url: counts[url] for url in pool.urls}
+    assert sum(counts.values()) == 3
+
+
+@pytest.mark.anyio
+async def test_two_calls_of_one_rollout_placing_it_at_once_count_it_once(placing):
+    pool, _ = placing
+    (first, _), (second, _) = await asyncio.gather(pool.route("twice", None), pool.route("twice", None))
+
+    assert first.url == second.url
+    assert sum(s.pinned for s in pool.servers.values()) == 1
+    pool.forget("twice")
+    assert sum(s.pinned for s in pool.servers.values()) == 0
