@@ -5,8 +5,11 @@ a prefix of this turn's messages: the harness sent back that turn's history and 
 Messages are compared in a canonical form (role, content, tool names and arguments, tool-result content;
 ids and reasoning ignored, since harnesses often rewrite ids and drop reasoning when they echo a reply).
 A completions turn's parent is the latest earlier turn whose prompt + completion ids are a prefix of its
-prompt. A turn with no parent whose history shares a beginning with an earlier turn was *forked* from the
-one sharing the most (the harness edited, summarised or truncated its history).
+prompt: each node keeps the length and digest of its ids, and the new prompt's prefixes are hashed in one
+pass at every candidate length, so that every earlier turn is a candidate without holding its ids. A turn
+with no parent whose history shares a beginning with an earlier turn was *forked* from the one sharing the
+most (the harness edited, summarised or truncated its history); for a completions turn this is best effort,
+among the turns whose ids are still in memory (the latest ones).
 
 **Drift.** `prefix_tokens` is how many leading ids the turn's prompt shares with its parent's (or fork
 origin's) prompt + completion; for a turn with a parent, `drift_tokens` is how many of the parent's exact ids
@@ -25,8 +28,9 @@ length, not with its square. This module is the writer's: readers need only `del
 
 from __future__ import annotations
 
+import copy
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -34,7 +38,7 @@ import numpy as np
 import orjson
 
 from gateway.store.delta import Messages, rebuild, reference_of
-from gateway.store.tokens import common_prefix_len, unpack_ids
+from gateway.store.tokens import ID_DTYPE, common_prefix_len, unpack_ids
 
 Span = tuple[int, int]
 """[start, end) of a model completion within a turn's ids."""
@@ -90,6 +94,36 @@ class Node:
     sequence: np.ndarray | None  # prompt + completion ids; None once it is no longer recent
     finish_reason: str | None = None
     completions: tuple[Span, ...] = ()
+    length: int = field(init=False)
+    """How many ids `sequence` holds: kept when the ids leave memory."""
+    digest: bytes = field(init=False)
+    """`ids_digest` of `sequence`: kept when the ids leave memory."""
+
+    def __post_init__(self) -> None:
+        ids = np.empty(0, dtype=ID_DTYPE) if self.sequence is None else self.sequence
+        self.length = int(ids.shape[0])
+        self.digest = ids_digest(ids)
+
+
+def ids_digest(ids: np.ndarray) -> bytes:
+    """A digest of token ids, the same whatever their integer type."""
+    return _hashed(hashlib.blake2b(digest_size=16), ids).digest()
+
+
+def _hashed(running: hashlib.blake2b, ids: np.ndarray) -> hashlib.blake2b:
+    """`running` updated with `ids` as little-endian int32."""
+    running.update(np.ascontiguousarray(ids, dtype=ID_DTYPE).data)
+    return running
+
+
+def prefix_digests(ids: np.ndarray, lengths: Iterable[int]) -> dict[int, bytes]:
+    """`ids_digest(ids[:n])` for each length n, hashing `ids` once up to the longest."""
+    digests: dict[int, bytes] = {}
+    running, done = hashlib.blake2b(digest_size=16), 0
+    for n in sorted(set(lengths)):
+        _hashed(running, ids[done:n])
+        digests[n], done = running.copy().digest(), n
+    return digests
 
 
 @dataclass
@@ -215,17 +249,26 @@ def find_parent(
             if digest in lineage.prefixes:
                 return None, lineage.prefixes[digest][0]
         return None, None
+    parent = _extended_ids(lineage, prompt_ids)
+    if parent is not None:
+        return parent, None
     best, best_len = None, 0
     recent = [n for n in lineage.nodes.values() if n.sequence is not None]
     for node in sorted(recent, key=lambda n: n.index, reverse=True):
-        index, sequence = node.index, node.sequence
-        assert sequence is not None
-        shared = common_prefix_len(prompt_ids, sequence)
-        if shared == sequence.shape[0]:
-            return index, None
+        assert node.sequence is not None
+        shared = common_prefix_len(prompt_ids, node.sequence)
         if shared > best_len:
-            best, best_len = index, shared
+            best, best_len = node.index, shared
     return None, best
+
+
+def _extended_ids(lineage: Lineage, prompt_ids: np.ndarray) -> int | None:
+    """The latest turn whose ids are a prefix of `prompt_ids`, found by digests (its ids may have left
+    memory)."""
+    size = prompt_ids.shape[0]
+    candidates = [n for n in lineage.nodes.values() if n.length <= size]
+    digests = prefix_digests(prompt_ids, (n.length for n in candidates))
+    return max((n.index for n in candidates if digests[n.length] == n.digest), default=None)
 
 
 def _full(lineage: Lineage, index: int, load: Callable[[int], Node]) -> Node:
@@ -261,5 +304,10 @@ def lineage_of(rows: list[Mapping[str, Any]]) -> tuple[Lineage, dict[int, Node]]
         ok = row["status"] == "ok"
         reply = reply_message(row["content"], row["tool_calls"]) if ok else None
         lineage.add(index, full[index].messages, sequence, reply, row["finish_reason"], completions)
-        nodes[index] = Node(index, full[index].messages, sequence, row["finish_reason"], completions)
+        added = lineage.nodes.get(index)  # its ids hashed once: a copy keeps them when the lineage drops them
+        nodes[index] = (
+            copy.copy(added)
+            if added is not None
+            else Node(index, full[index].messages, sequence, row["finish_reason"], completions)
+        )
     return lineage, nodes

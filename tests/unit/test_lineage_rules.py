@@ -269,6 +269,55 @@ def test_completions_turn_without_a_prefix_parent_is_forked_from_the_longest_sha
     assert fields(place(lineage, ids(7, 8), None, no_load)) == (None, None, 0, None, [7, 8], 0, None)
 
 
+def test_completions_turn_extending_a_turn_that_left_memory_finds_it_as_parent():
+    # Turns 1 and 2 keep their ids in memory; turn 0's are gone, but it is still this prompt's parent.
+    lineage = Lineage()
+    lineage.add(0, None, ids(1, 2, 3, 4), None, "stop")
+    lineage.add(1, None, ids(5, 6, 7), None, "stop")
+    lineage.add(2, None, ids(8, 9), None, "stop")
+    assert lineage.nodes[0].sequence is None
+    assert find_parent(lineage, ids(1, 2, 3, 4, 10), None, no_load) == (0, None)
+
+    def load(index: int) -> Node:
+        return Node(index, None, ids(1, 2, 3, 4), "stop")
+
+    assert fields(place(lineage, ids(1, 2, 3, 4, 10), None, load)) == (0, None, 4, 0, [10], 0, None)
+
+
+def test_completions_parent_is_the_latest_extended_turn_in_memory_or_not():
+    lineage = Lineage()
+    lineage.add(0, None, ids(1, 2), None, "stop")
+    lineage.add(1, None, ids(1, 2, 3), None, "stop")
+    lineage.add(2, None, ids(1, 2, 3), None, "stop")  # the same ids as turn 1, later
+    lineage.add(3, None, ids(7), None, "stop")
+    lineage.add(4, None, ids(8), None, "stop")
+    assert [lineage.nodes[i].sequence is None for i in range(5)] == [True, True, True, False, False]
+    assert find_parent(lineage, ids(1, 2, 3, 4), None, no_load) == (2, None)  # turns 0, 1 and 2 match
+    assert find_parent(lineage, ids(1, 2, 5), None, no_load) == (0, None)
+    assert find_parent(lineage, ids(1, 2), None, no_load) == (0, None)  # the whole prompt is turn 0's ids
+    assert find_parent(lineage, ids(1), None, no_load) == (None, None)
+
+
+def test_completions_parent_is_compared_on_ids_whatever_their_integer_width():
+    lineage = Lineage()
+    lineage.add(0, None, np.array([1, 2, 3], dtype=np.int64), None, "stop")
+    lineage.add(1, None, ids(5), None, "stop")
+    lineage.add(2, None, ids(6), None, "stop")
+    assert find_parent(lineage, ids(1, 2, 3, 4), None, no_load) == (0, None)
+
+
+def test_lineage_rebuilt_from_rows_finds_a_completions_parent_that_left_memory():
+    rollout = Rollout()
+    rollout.commit(ids(1, 2, 3), ids(4, 5), None)
+    rollout.commit(ids(9, 9), ids(6), None)
+    rollout.commit(ids(8, 8), ids(7), None)
+    rebuilt, _ = lineage_of(rollout.rows)
+    assert rebuilt.nodes[0].sequence is None
+    prompt = ids(1, 2, 3, 4, 5, 10, 11)
+    assert fields(place(rebuilt, prompt, None, rollout.load)) == (0, None, 5, 0, [10, 11], 0, None)
+    assert fields(place(rollout.lineage, prompt, None, rollout.load)) == (0, None, 5, 0, [10, 11], 0, None)
+
+
 def test_only_the_two_latest_turns_keep_their_ids_in_memory():
     lineage = Lineage()
     for index in range(4):
