@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
+from gateway.store.groups import numeric_version
 from gateway.store.status import TRAINABLE, RolloutStatus
 
 
@@ -74,6 +75,8 @@ def _version_report(
 
 
 def _version_order(version: str | None) -> tuple[int, int | str]:
+    """Numeric versions in numeric order, then the others by name, then turns without a version."""
     if version is None:
         return (2, "")
-    return (0, int(version)) if version.lstrip("-").isdigit() else (1, version)
+    number = numeric_version(version)
+    return (0, number) if number is not None else (1, version)

@@ -10,6 +10,7 @@ without spoiling it. A group with no trainable rollout is dropped, never served 
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -57,8 +58,20 @@ class RolloutInfo:
 
     @property
     def oldest_version(self) -> int | None:
-        numeric = [int(v) for v in self.versions if v is not None and v.lstrip("-").isdigit()]
+        numeric = [n for n in map(numeric_version, self.versions) if n is not None]
         return min(numeric) if numeric else None
+
+
+_NUMERIC_VERSION = re.compile(r"-?[0-9]+")
+
+
+def numeric_version(version: str | None) -> int | None:
+    """A policy version as a number when it is one (ASCII digits, at most one leading minus), else None.
+
+    `str.isdigit` is no test for this: it also accepts digits `int` refuses, such as "²"."""
+    if version is None or _NUMERIC_VERSION.fullmatch(version) is None:
+        return None
+    return int(version)
 
 
 @dataclass

@@ -62,6 +62,19 @@ async def test_the_overview_lists_rollouts_newest_first_with_rewards_and_counts(
     assert "api_key_hash" not in rows["a"]
 
 
+async def test_the_reward_per_version_orders_numeric_versions_first_and_look_alikes_as_names(gw):
+    for rollout_id, version in [("a", "7"), ("b", "--3"), ("c", "²"), ("d", "-3"), ("e", "v7")]:
+        await gw.client.post("/admin/policy_version", json={"version": version})
+        await rollout_with_turns(gw, rollout_id, 1)
+        await gw.client.post(f"/rollouts/{rollout_id}/finish", json={"reward": 1.0})
+
+    answer = await gw.client.get("/ui/api/rollouts")
+
+    assert answer.status_code == 200, answer.text
+    training = answer.json()["versions"]["training"]
+    assert [v["policy_version"] for v in training] == ["-3", "7", "--3", "v7", "²"]
+
+
 async def test_the_overview_filters_by_group_tag_status_and_version(gw):
     await rollout_with_turns(gw, "a", 1, group_id="g1")
     await rollout_with_turns(gw, "b", 1, group_id="g2", tags=["eval", "math"])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.store.groups import RolloutInfo, SampleOptions, Selection, classify
+import pytest
+
+from gateway.store.groups import RolloutInfo, SampleOptions, Selection, classify, numeric_version
 
 
 def rollout(
@@ -171,6 +173,27 @@ def test_oldest_version_ignores_non_numeric_and_missing_versions_and_reads_negat
     assert rollout("b", versions=["-2", "1"]).oldest_version == -2
     assert rollout("c", versions=["step-1", "latest"]).oldest_version is None
     assert rollout("d", versions=[]).oldest_version is None
+
+
+@pytest.mark.parametrize(
+    ("version", "number"),
+    [("7", 7), ("-3", -3), ("0", 0), ("--3", None), ("²", None), ("v7", None), ("", None), ("-", None)],
+)
+def test_a_numeric_policy_version_is_ascii_digits_with_at_most_one_leading_minus(
+    version: str, number: int | None
+) -> None:
+    assert numeric_version(version) == number
+
+
+def test_oldest_version_skips_versions_that_only_look_numeric() -> None:
+    assert rollout("a", versions=["--3", "²", "7", "v7"]).oldest_version == 7
+    assert rollout("b", versions=["--3", "²", "-3", "7", "v7"]).oldest_version == -3
+
+
+def test_staleness_of_a_rollout_with_look_alike_versions_is_measured_on_its_numeric_ones() -> None:
+    infos = [rollout("a", versions=["--3", "5"]), rollout("b", versions=["²", "2"])]
+    selection = classify(infos, SampleOptions(current_version=5, max_staleness=2))
+    assert reasons(selection) == {"b": "stale"}
 
 
 def test_rollout_with_only_non_numeric_versions_is_never_stale() -> None:

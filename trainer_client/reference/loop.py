@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway.store.database import make_engine
 from gateway.store.evaluation import evaluation_report
+from gateway.store.groups import numeric_version
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig, RunnerStats
 from trainer_client.reference.task import Task
 from trainer_client.reference.toy_task import TargetCharactersTask
@@ -172,10 +173,8 @@ def plot_rewards(result: LoopResult, path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
     for which, style in (("training", "o-"), ("evaluation", "s--")):
         rewards = result.reward_by_version(which)
-        versions = [v for v in rewards if v is not None and v.isdigit()]
-        axes.plot(
-            [int(v) for v in versions], [rewards[v] for v in versions], style, label=f"{which} rollouts"
-        )
+        numbers = {v: n for v in rewards if (n := numeric_version(v)) is not None}
+        axes.plot(list(numbers.values()), [rewards[v] for v in numbers], style, label=f"{which} rollouts")
     axes.set_xlabel("policy version")
     axes.set_ylabel("mean reward")
     axes.set_title("Async GRPO through the gateway: mean reward per policy version")
