@@ -183,13 +183,25 @@ def classify(rollouts: list[RolloutInfo], options: SampleOptions) -> Selection:
         if not trainable:
             selection.dropped_groups.append(group_id)
             continue
-        rewards = np.array([r.reward for r in trainable], dtype=np.float64)
-        centred = rewards - rewards.mean()
-        advantages = centred / (rewards.std() + options.epsilon) if options.normalize_std else centred
-        for info, advantage in zip(trainable, advantages, strict=True):
-            info.advantage = float(advantage)
+        rewards = [r.reward for r in trainable if r.reward is not None]
+        for info, advantage in zip(trainable, advantages(rewards, options), strict=True):
+            info.advantage = advantage
         selection.served[group_id] = trainable
     return selection
+
+
+def advantages(rewards: Sequence[float], options: SampleOptions) -> list[float]:
+    """GRPO advantages of one group's rewards: (reward - mean) / (std + epsilon), or only centred.
+
+    Equal rewards teach nothing: they get exactly 0, even where their float mean is not one of them (three
+    0.1s), which would leave centred values of about 1e-16 over a std of the same size (NaN with epsilon 0).
+    """
+    values = np.array(rewards, dtype=np.float64)
+    if values.size == 0 or values.min() == values.max():
+        return [0.0] * values.size
+    centred = values - values.mean()
+    scaled = centred / (values.std() + options.epsilon) if options.normalize_std else centred
+    return [float(a) for a in scaled]
 
 
 def _skip_reason(info: RolloutInfo, options: SampleOptions) -> str | None:

@@ -296,14 +296,19 @@ def test_group_whose_rewards_are_all_equal_has_zero_advantages() -> None:
     assert list(selection.served) == ["g"]
 
 
-def test_equal_rewards_with_a_float_rounding_mean_give_advantages_only_within_epsilon_noise_of_zero() -> None:
-    # mean([0.7] * 3) != 0.7 in float64: the centred rewards are ~1e-16, not 0, and the std is the same
-    # ~1e-16, so with the default epsilon the advantages are ~1e-10 (all of one sign), not exactly 0.
-    infos = [rollout(name, reward=0.7) for name in "abc"]
-    classify(infos, SampleOptions())
-    values = [r.advantage for r in infos]
-    assert values[0] == values[1] == values[2]
-    assert 0.0 < abs(values[0]) < 1e-9
+@pytest.mark.parametrize("reward", [0.1, 0.7, 1e300])
+@pytest.mark.parametrize(
+    "options",
+    [SampleOptions(), SampleOptions(epsilon=0.0), SampleOptions(normalize_std=False)],
+    ids=["default", "epsilon 0", "mean-centred"],
+)
+def test_equal_rewards_that_do_not_average_exactly_give_advantages_of_exactly_zero(
+    reward: float, options: SampleOptions
+) -> None:
+    # mean([0.7] * 3) != 0.7 in float64: centred, the rewards would be about 1e-16 and so would their std.
+    infos = [rollout(name, reward=reward) for name in "abc"]
+    classify(infos, options)
+    assert [r.advantage for r in infos] == [0.0, 0.0, 0.0]
 
 
 def test_single_rollout_group_has_zero_advantage() -> None:
