@@ -45,7 +45,7 @@ def test_samples_are_the_stored_turns_token_for_token(store):
         assert sample.loss_mask.tolist() == [0] * len(turn["prompt_token_ids"]) + [1] * 4
         assert (sample.group_id, sample.policy_version, sample.finish_reason) == ("g", "0", "length")
         assert sample.reward == (1.0 if sample.rollout_id == ids[0] else 0.0)
-    assert batch.counts == {"groups": 1, "rollouts": 2, "masked_rollouts": 0, "dropped_groups": 0}
+    assert batch.counts == {"groups": 1, "served_rollouts": 2, "masked_rollouts": 0, "dropped_groups": 0}
 
 
 def test_advantages_are_group_normalised_rewards_broadcast_to_every_step(store):

@@ -17,7 +17,8 @@ Sample = StepSample | MergedSample
 class Batch:
     samples: list[Sample]
     counts: dict[str, int] = field(default_factory=dict)
-    """Groups and rollouts served, groups dropped, rollouts skipped by reason."""
+    """Groups and rollouts served (`served_rollouts`, some perhaps without a sample), groups dropped,
+    rollouts skipped by reason."""
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -82,7 +83,8 @@ class Batch:
         }
 
     def metrics(self) -> dict[str, float]:
-        """Trajectory-level reward metrics (each rollout counts once), turn-level counts beside them."""
+        """Trajectory-level reward metrics (each rollout with samples counts once: `rollouts`), turn-level
+        counts beside them, then the selection's `counts`."""
         first_steps = {s.rollout_id: s for s in self.samples}
         rewards = np.array([s.reward for s in first_steps.values()], dtype=np.float64)
         tokens = sum(int(s.loss_mask.sum()) for s in self.samples)

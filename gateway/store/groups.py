@@ -91,7 +91,7 @@ class Selection:
         served = self.rollouts
         return {
             "groups": len(self.served),
-            "rollouts": len(served),
+            "served_rollouts": len(served),
             "masked_rollouts": sum(r.masked for r in served),
             "dropped_groups": len(self.dropped_groups),
             **{f"skipped_{reason}": n for reason, n in sorted(reasons.items())},

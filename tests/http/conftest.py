@@ -25,6 +25,8 @@ class InProcess:
     client: httpx.AsyncClient
     engine: FakeEngine
     app: Any
+    db: str
+    """The store's URL, for reading it as a trainer does."""
 
     async def rollout(self, rollout_id: str, **params: Any) -> dict[str, Any]:
         """The rollout as the control API shows it, token arrays included."""
@@ -71,7 +73,7 @@ async def start(tmp_path: Path, empty_store: Path) -> AsyncIterator[Callable[...
             client = await stack.enter_async_context(
                 httpx.AsyncClient(transport=transport, base_url="http://gateway")
             )
-            return InProcess(client, engine, app)
+            return InProcess(client, engine, app, url)
 
         yield started
 

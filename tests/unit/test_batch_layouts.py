@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gateway.store.groups import RolloutInfo, Selection
 from gateway.store.samples import StepSample, merge_steps
 from trainer_client.batch import Batch
 
@@ -288,8 +289,12 @@ def test_metrics_of_an_empty_batch_are_zero() -> None:
     }
 
 
-def test_metrics_counts_named_like_a_metric_replace_it() -> None:
-    # Selection.counts() has a "rollouts" key (served rollouts), which wins over the batch's own count.
-    batch = Batch([step("r1", [1], [2], [-0.5])], counts={"rollouts": 4})
-    assert batch.metrics()["rollouts"] == 4.0
-    assert batch.metrics()["samples_per_rollout"] == 1.0
+def test_metrics_count_the_rollouts_with_samples_and_the_served_ones_apart() -> None:
+    # Two rollouts served, one of them without a sample (its only call sampled nothing).
+    served = [RolloutInfo("r1", "g", "completed", 1.0, None), RolloutInfo("r2", "g", "completed", 0.0, None)]
+    selection = Selection(served={"g": served})
+    batch = Batch([step("r1", [1], [2], [-0.5])], counts=selection.counts())
+    metrics = batch.metrics()
+    assert (metrics["rollouts"], metrics["served_rollouts"]) == (1.0, 2.0)
+    assert metrics["samples_per_rollout"] == 1.0
+    assert batch.counts["served_rollouts"] == 2

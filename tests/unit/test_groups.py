@@ -236,7 +236,7 @@ def test_counts_report_groups_rollouts_masked_dropped_and_skips_by_sorted_reason
     counts = selection.counts()
     assert counts == {
         "groups": 1,
-        "rollouts": 2,
+        "served_rollouts": 2,
         "masked_rollouts": 1,
         "dropped_groups": 2,
         "skipped_failed": 1,
@@ -248,7 +248,12 @@ def test_counts_report_groups_rollouts_masked_dropped_and_skips_by_sorted_reason
 
 def test_empty_selection_counts_are_zero() -> None:
     selection = classify([], SampleOptions())
-    assert selection.counts() == {"groups": 0, "rollouts": 0, "masked_rollouts": 0, "dropped_groups": 0}
+    assert selection.counts() == {
+        "groups": 0,
+        "served_rollouts": 0,
+        "masked_rollouts": 0,
+        "dropped_groups": 0,
+    }
     assert selection.rollouts == []
 
 

@@ -158,7 +158,7 @@ class GRPOTrainer:
         self.client.renew(config.trainer_id, step, config.lease)
         self.sync(self.version + 1)
         kept = self.client.commit(config.trainer_id, step)
-        _warn_if_taken(step, kept, len(batch.rollout_ids))
+        _warn_if_taken(step, kept, batch.counts.get("served_rollouts", 0))
         synced = time.monotonic()
         train_s = trained - started - waited
         tokens = int(metrics.pop("loss_tokens"))
@@ -196,7 +196,7 @@ class GRPOTrainer:
         if self.rank != 0:
             self.version += 1  # rank 0 synced it: the step committed
         if self.rank == 0:
-            _warn_if_taken(step, shard.kept or 0, int(shard.metrics["rollouts"]))
+            _warn_if_taken(step, shard.kept or 0, shard.counts.get("served_rollouts", 0))
         synced = time.monotonic()
         train_s = trained - started - waited
         tokens = int(metrics.pop("loss_tokens"))
