@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 from sqlalchemy import text
 
@@ -152,7 +152,8 @@ def _export(args: argparse.Namespace) -> int:
     with TrainerClient(args.db) as client:
         with client.engine.connect() as conn:
             total = len(ready_groups(conn, options, unclaimed_only=False))
-        with tqdm(total=total, unit="group", desc="exporting", file=sys.stderr) as progress:
+        shown = sys.stderr if sys.stderr.isatty() else _LastDrawing(sys.stderr)
+        with tqdm(total=total, unit="group", desc="exporting", file=shown) as progress:
             for batch in client.iter_batches(options):
                 sink.write([sample.to_json() for sample in batch.samples])
                 written += len(batch.samples)
@@ -160,6 +161,30 @@ def _export(args: argparse.Namespace) -> int:
     sink.close()
     print(f"wrote {written} samples to {'standard output' if to_stdout else args.output}", file=sys.stderr)
     return 0
+
+
+class _LastDrawing:
+    """Where the progress bar draws when stderr is no terminal. The bar draws itself on start, as it
+    advances and when done, each drawing after a carriage return that only a terminal draws over: a log, a
+    pipe read as text, kept them all (at least twice: 0% and 100%). This keeps only the latest drawing and
+    writes it when the bar ends its line."""
+
+    def __init__(self, target: TextIO) -> None:
+        self._target = target
+        self._drawing = ""
+        self.encoding = target.encoding
+        """What tqdm reads to choose between block characters and ASCII."""
+
+    def write(self, text: str) -> int:
+        self._drawing = (self._drawing + text).rsplit("\r", 1)[-1]
+        if self._drawing.endswith("\n"):
+            self._target.write(self._drawing.rstrip("\n ") + "\n")  # less the blanks that erase a longer one
+            self._target.flush()
+            self._drawing = ""
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing to do: the drawing is written when it is final."""
 
 
 class _JsonlSink:
