@@ -7,13 +7,14 @@ caches (`caches`), so a turn of a known rollout is one INSERT; its place in the 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -40,6 +41,27 @@ _CREATE_IF_ABSENT = {
 }
 """A rollout created on its agent's first call: one statement, whose rowcount says whether it already
 existed."""
+
+
+_LOCK_ROLLOUTS = text(
+    "SELECT pg_advisory_xact_lock(:space, key) FROM unnest(CAST(:keys AS integer[])) AS key"
+).bindparams(space=0x726C)  # "rl": a key space of the store's own among the database's advisory locks
+"""Transaction-scoped locks on rollouts, taken in the order given (unnest yields the keys in order)."""
+
+
+def lock_rollouts(conn: Connection, rollout_ids: Collection[str]) -> None:
+    """On PostgreSQL, lock the rollouts a transaction will write, by their keys in ascending order, before
+    it writes: row locks taken as writes go (a turn's trigger shares its rollout's row, an update takes it)
+    would be taken in each transaction's own order, and two processes writing the same rollouts in two
+    orders would deadlock. Rollouts to be created are locked alike, so two processes creating the same ones
+    wait too. (SQLite has one writer at a time.)"""
+    if rollout_ids and conn.dialect.name == "postgresql":
+        conn.execute(_LOCK_ROLLOUTS, {"keys": sorted({_lock_key(r) for r in rollout_ids})})
+
+
+def _lock_key(rollout_id: str) -> int:
+    """A rollout's lock key: a signed 32-bit digest of its id, the same in every process."""
+    return int.from_bytes(hashlib.blake2b(rollout_id.encode(), digest_size=4).digest(), "big", signed=True)
 
 
 def _rollout_row(new: NewRollout) -> dict[str, Any]:

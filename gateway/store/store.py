@@ -7,10 +7,14 @@ from collections.abc import Collection
 from typing import Any
 
 from gateway.store import reads
-from gateway.store.database import make_engine
+from gateway.store.checkpoints import Checkpointer
+from gateway.store.database import is_sqlite, make_engine
 from gateway.store.pins import Pin
 from gateway.store.records import NewRollout, Reward, RolloutState
 from gateway.store.writer import StoreWriter
+
+_CHECKPOINT_INTERVAL = 0.2
+"""Seconds between SQLite's WAL checkpoints while turns are written (`checkpoints`)."""
 
 
 class Store:
@@ -18,6 +22,11 @@ class Store:
         self.engine = make_engine(url, pool_size=8)
         self._writer_engine = make_engine(url, pool_size=1, writer=True)
         self.writer = StoreWriter(self._writer_engine)
+        self._checkpoints = (
+            Checkpointer(self._writer_engine, self.engine, lambda: self.writer.commits, _CHECKPOINT_INTERVAL)
+            if is_sqlite(url)
+            else None
+        )
 
     async def rollout_state(self, rollout_id: str) -> RolloutState | None:
         state = self.writer.known_state(rollout_id)
@@ -54,6 +63,8 @@ class Store:
             return fn(conn, *args, **kwargs)
 
     def close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.close()
         self.writer.close()
         self._writer_engine.dispose()
         self.engine.dispose()
