@@ -28,7 +28,6 @@ length, not with its square. This module is the writer's: readers need only `del
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from gateway.store.tokens import ID_DTYPE, common_prefix_len, unpack_ids
 Span = tuple[int, int]
 """[start, end) of a model completion within a turn's ids."""
 
-_RECENT_SEQUENCES = 2  # turns whose full ids stay in memory; older ones are read back on demand
+_RECENT_SEQUENCES = 2  # turns kept whole in memory; older ones are read back on demand
 
 
 def canonical_message(message: Mapping[str, Any]) -> bytes:
@@ -87,22 +86,13 @@ def reply_message(content: str | None, tool_calls: list[Any] | None) -> dict[str
     return {"role": "assistant", "content": content, "tool_calls": tool_calls}
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
     index: int
     messages: Messages | None
-    sequence: np.ndarray | None  # prompt + completion ids; None once it is no longer recent
+    sequence: np.ndarray | None  # prompt + completion ids
     finish_reason: str | None = None
     completions: tuple[Span, ...] = ()
-    length: int = field(init=False)
-    """How many ids `sequence` holds: kept when the ids leave memory."""
-    digest: bytes = field(init=False)
-    """`ids_digest` of `sequence`: kept when the ids leave memory."""
-
-    def __post_init__(self) -> None:
-        ids = np.empty(0, dtype=ID_DTYPE) if self.sequence is None else self.sequence
-        self.length = int(ids.shape[0])
-        self.digest = ids_digest(ids)
 
 
 def ids_digest(ids: np.ndarray) -> bytes:
@@ -128,10 +118,19 @@ def prefix_digests(ids: np.ndarray, lengths: Iterable[int]) -> dict[int, bytes]:
 
 @dataclass
 class Lineage:
-    """What the writer keeps of one rollout to place its next turn."""
+    """What the writer keeps of one rollout to place its next turn.
+
+    Its size grows with the rollout by a few bytes a turn: whole nodes (ids and messages) are kept for the
+    latest turns only, older ones are read back from the database on demand. Every long-lived object here is
+    one the garbage collector need not scan (tuples, bytes and ints) but for those few nodes, so that a
+    gateway holding many rollouts does not pause for its collections.
+    """
 
     last_index: int = -1
     nodes: dict[int, Node] = field(default_factory=dict)
+    """The latest `_RECENT_SEQUENCES` turns that have ids, whole."""
+    ids: dict[int, tuple[int, bytes]] = field(default_factory=dict)
+    """Every turn that has ids: their count and `ids_digest` (how a completions turn finds its parent)."""
     extends: dict[bytes, int] = field(default_factory=dict)  # hash(messages + reply) of an ok turn -> turn
     prefixes: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # hash(messages[:k]) -> (turn, k)
 
@@ -155,8 +154,9 @@ class Lineage:
         if sequence is None or sequence.shape[0] == 0:
             return
         self.nodes[index] = Node(index, messages, sequence, finish_reason, completions)
-        for old in sorted(self.nodes)[:-_RECENT_SEQUENCES]:
-            self.nodes[old].sequence = None
+        self.ids[index] = (int(sequence.shape[0]), ids_digest(sequence))
+        while len(self.nodes) > _RECENT_SEQUENCES:
+            del self.nodes[min(self.nodes)]
         if messages:
             if hashes is None:
                 hashes = history_hashes(messages)
@@ -253,8 +253,7 @@ def find_parent(
     if parent is not None:
         return parent, None
     best, best_len = None, 0
-    recent = [n for n in lineage.nodes.values() if n.sequence is not None]
-    for node in sorted(recent, key=lambda n: n.index, reverse=True):
+    for node in sorted(lineage.nodes.values(), key=lambda n: n.index, reverse=True):
         assert node.sequence is not None
         shared = common_prefix_len(prompt_ids, node.sequence)
         if shared > best_len:
@@ -266,9 +265,9 @@ def _extended_ids(lineage: Lineage, prompt_ids: np.ndarray) -> int | None:
     """The latest turn whose ids are a prefix of `prompt_ids`, found by digests (its ids may have left
     memory)."""
     size = prompt_ids.shape[0]
-    candidates = [n for n in lineage.nodes.values() if n.length <= size]
-    digests = prefix_digests(prompt_ids, (n.length for n in candidates))
-    return max((n.index for n in candidates if digests[n.length] == n.digest), default=None)
+    candidates = {index: known for index, known in lineage.ids.items() if known[0] <= size}
+    digests = prefix_digests(prompt_ids, (length for length, _ in candidates.values()))
+    return max((i for i, (length, digest) in candidates.items() if digests[length] == digest), default=None)
 
 
 def _full(lineage: Lineage, index: int, load: Callable[[int], Node]) -> Node:
@@ -304,10 +303,5 @@ def lineage_of(rows: list[Mapping[str, Any]]) -> tuple[Lineage, dict[int, Node]]
         ok = row["status"] == "ok"
         reply = reply_message(row["content"], row["tool_calls"]) if ok else None
         lineage.add(index, full[index].messages, sequence, reply, row["finish_reason"], completions)
-        added = lineage.nodes.get(index)  # its ids hashed once: a copy keeps them when the lineage drops them
-        nodes[index] = (
-            copy.copy(added)
-            if added is not None
-            else Node(index, full[index].messages, sequence, row["finish_reason"], completions)
-        )
+        nodes[index] = Node(index, full[index].messages, sequence, row["finish_reason"], completions)
     return lineage, nodes

@@ -16,6 +16,7 @@ from gateway.store.lineage import (
     canonical_message,
     find_parent,
     history_hashes,
+    ids_digest,
     lineage_of,
     place,
     reply_message,
@@ -275,7 +276,7 @@ def test_completions_turn_extending_a_turn_that_left_memory_finds_it_as_parent()
     lineage.add(0, None, ids(1, 2, 3, 4), None, "stop")
     lineage.add(1, None, ids(5, 6, 7), None, "stop")
     lineage.add(2, None, ids(8, 9), None, "stop")
-    assert lineage.nodes[0].sequence is None
+    assert sorted(lineage.nodes) == [1, 2]
     assert find_parent(lineage, ids(1, 2, 3, 4, 10), None, no_load) == (0, None)
 
     def load(index: int) -> Node:
@@ -291,7 +292,7 @@ def test_completions_parent_is_the_latest_extended_turn_in_memory_or_not():
     lineage.add(2, None, ids(1, 2, 3), None, "stop")  # the same ids as turn 1, later
     lineage.add(3, None, ids(7), None, "stop")
     lineage.add(4, None, ids(8), None, "stop")
-    assert [lineage.nodes[i].sequence is None for i in range(5)] == [True, True, True, False, False]
+    assert sorted(lineage.nodes) == [3, 4]
     assert find_parent(lineage, ids(1, 2, 3, 4), None, no_load) == (2, None)  # turns 0, 1 and 2 match
     assert find_parent(lineage, ids(1, 2, 5), None, no_load) == (0, None)
     assert find_parent(lineage, ids(1, 2), None, no_load) == (0, None)  # the whole prompt is turn 0's ids
@@ -312,17 +313,18 @@ def test_lineage_rebuilt_from_rows_finds_a_completions_parent_that_left_memory()
     rollout.commit(ids(9, 9), ids(6), None)
     rollout.commit(ids(8, 8), ids(7), None)
     rebuilt, _ = lineage_of(rollout.rows)
-    assert rebuilt.nodes[0].sequence is None
+    assert sorted(rebuilt.nodes) == [1, 2]
     prompt = ids(1, 2, 3, 4, 5, 10, 11)
     assert fields(place(rebuilt, prompt, None, rollout.load)) == (0, None, 5, 0, [10, 11], 0, None)
     assert fields(place(rollout.lineage, prompt, None, rollout.load)) == (0, None, 5, 0, [10, 11], 0, None)
 
 
-def test_only_the_two_latest_turns_keep_their_ids_in_memory():
+def test_only_the_two_latest_turns_stay_whole_in_memory_the_others_as_their_length_and_digest():
     lineage = Lineage()
     for index in range(4):
-        lineage.add(index, None, ids(1, index, 2), None, "stop")
-    assert [lineage.nodes[i].sequence is None for i in range(4)] == [True, True, False, False]
+        lineage.add(index, [USER], ids(1, index, 2), None, "stop")
+    assert sorted(lineage.nodes) == [2, 3]
+    assert lineage.ids == {i: (3, ids_digest(ids(1, i, 2))) for i in range(4)}
     assert lineage.tokens == 6
     assert lineage.last_index == 3
 
@@ -337,7 +339,7 @@ def test_reference_out_of_memory_is_loaded_by_index():
     lineage = lineage_after_turn_0()
     lineage.add(1, [USER_EDITED], ids(1, 22, 2, 1, 30, 45, 2), None, "stop")
     lineage.add(2, [USER_2], ids(1, 23, 2, 1, 30, 46, 2), None, "stop")
-    assert lineage.nodes[0].sequence is None
+    assert 0 not in lineage.nodes
     loaded: list[int] = []
 
     def load(index: int) -> Node:
@@ -366,6 +368,8 @@ class Rollout:
         self.lineage = Lineage()
         self.rows: list[Mapping[str, Any]] = []
         self.loaded: list[int] = []
+        self.completions: list[tuple[tuple[int, int], ...]] = []
+        """Where the model's replies lie in each committed turn's ids, as the lineage was given them."""
 
     def load(self, index: int) -> Node:
         self.loaded.append(index)
@@ -404,6 +408,7 @@ class Rollout:
         sequence = np.concatenate([prompt, completion])
         completions = with_reply(placement.prompt_completions, prompt.shape[0], sequence.shape[0])
         self.lineage.add(index, messages, sequence, reply, finish_reason, completions)
+        self.completions.append(completions)
         return placement
 
 
@@ -493,7 +498,7 @@ def test_lineage_rebuilt_from_rows_holds_every_turns_full_sequence():
     assert nodes[2].sequence.tolist() == [*PROMPT_2, 71, 2]
     assert (nodes[2].messages, nodes[0].finish_reason) == (MESSAGES_2, "tool_calls")
     assert lineage.last_index == 4
-    assert [i for i, n in sorted(lineage.nodes.items()) if n.sequence is not None] == [3, 4]
+    assert sorted(lineage.nodes) == [3, 4]
 
 
 # Where the model's replies lie in each turn's ids: its own, and those of its reference the prompt shares.
@@ -508,8 +513,8 @@ FIVE_TURNS_COMPLETIONS = [
 
 def test_each_turn_knows_where_the_models_replies_lie_in_its_ids():
     rollout, _ = five_turns()
-    live = [rollout.lineage.nodes[i].completions for i in range(5)]
-    assert live == FIVE_TURNS_COMPLETIONS
+    assert rollout.completions == FIVE_TURNS_COMPLETIONS
+    assert [rollout.lineage.nodes[i].completions for i in (3, 4)] == FIVE_TURNS_COMPLETIONS[3:]
 
 
 def test_replies_rebuilt_from_rows_lie_where_the_live_lineage_put_them():
