@@ -1,13 +1,16 @@
 """Several choices in one call (`n > 1`, a GRPO group from one prompt): each choice is a turn of its own with
-its choice index, the engine's ids and logprobs, and a training sample of its own."""
+its choice index, the engine's ids and logprobs, and a training sample of its own; rewarded one by one, the
+choices train with advantages across the call."""
 
 from __future__ import annotations
+
+import math
 
 import httpx
 import openai
 import pytest
 
-from trainer_client import TrainerClient
+from trainer_client import SampleOptions, TrainerClient
 
 from support import stored_rollout
 
@@ -77,3 +80,37 @@ def test_trainer_sees_one_sample_per_choice(start_gateway, databases, db_kind):
         (t["index"], t["completion_token_ids"]) for t in turns
     ]
     assert len(samples) == 4 and not any(s.masked for s in samples)
+
+
+def test_choices_rewarded_one_by_one_train_with_advantages_across_their_call(
+    start_gateway, databases, db_kind
+):
+    db_url = databases.new(db_kind)
+    gateway = start_gateway(db_url)
+    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "one-prompt"}).json()
+    rollout_id = rollout["rollout_id"]
+    body = {"model": "tiny", "messages": MESSAGES, "n": 3, "max_tokens": 3, "min_tokens": 3}
+    httpx.post(rollout["base_url"] + "/chat/completions", json=body, timeout=60).raise_for_status()
+    turns = stored_rollout(gateway, rollout_id)["turns"]
+    for turn, value in [(0, 0.0), (1, 0.0), (2, 0.5), (0, 1.0)]:  # turn 0's latest reward is 1.0
+        reward = {"reward": value, "turn_index": turn}
+        httpx.post(f"{gateway.url}/rollouts/{rollout_id}/reward", json=reward).raise_for_status()
+    httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish").raise_for_status()  # no rollout-level reward
+
+    with TrainerClient(db_url) as client:
+        centred = client.read(SampleOptions(normalize_std=False)).samples
+        claimed = client.claim("trainer-0", 0).samples
+
+    assert [(t["index"], t["choice_index"]) for t in turns] == [(0, 0), (1, 1), (2, 2)]
+    assert [(s.turn_index, s.reward, s.advantage) for s in centred] == [
+        (0, 1.0, 0.5),
+        (1, 0.0, -0.5),
+        (2, 0.5, 0.0),
+    ]
+    scale = math.sqrt(0.5 / 3) + 1e-6  # the population std of 1.0, 0.0 and 0.5, plus epsilon
+    assert [(s.turn_index, s.reward, s.advantage) for s in claimed] == [
+        (0, 1.0, 0.5 / scale),
+        (1, 0.0, -0.5 / scale),
+        (2, 0.5, 0.0),
+    ]
+    assert [s.completion_ids.tolist() for s in claimed] == [t["completion_token_ids"] for t in turns]

@@ -83,18 +83,29 @@ class Batch:
         }
 
     def metrics(self) -> dict[str, float]:
-        """Trajectory-level reward metrics (each rollout with samples counts once: `rollouts`), turn-level
-        counts beside them, then the selection's `counts`."""
-        first_steps = {s.rollout_id: s for s in self.samples}
-        rewards = np.array([s.reward for s in first_steps.values()], dtype=np.float64)
+        """Trajectory-level reward metrics, turn-level counts beside them, then the selection's `counts`.
+
+        A trajectory is a rollout with its reward, or a choice rewarded on its own (`choice_reward`: each
+        choice of such a call is a trajectory from the call's prompt); `rollouts` counts the rollouts with
+        samples in the batch."""
+        rollouts = {s.rollout_id for s in self.samples}
+        trajectories = {_trajectory(s): s.reward for s in self.samples}
+        rewards = np.array(list(trajectories.values()), dtype=np.float64)
         tokens = sum(int(s.loss_mask.sum()) for s in self.samples)
         return {
-            "rollouts": float(len(first_steps)),
+            "rollouts": float(len(rollouts)),
             "reward_mean": float(rewards.mean()) if rewards.size else 0.0,
             "reward_std": float(rewards.std()) if rewards.size else 0.0,
             "samples": float(len(self.samples)),
-            "samples_per_rollout": len(self.samples) / max(len(first_steps), 1),
+            "samples_per_rollout": len(self.samples) / max(len(rollouts), 1),
             "tokens": float(sum(int(s.input_ids.shape[0]) for s in self.samples)),
             "loss_tokens": float(tokens),
             **{name: float(value) for name, value in self.counts.items()},
         }
+
+
+def _trajectory(sample: Sample) -> tuple[str, int | None]:
+    """The trajectory a sample's reward belongs to: its rollout, or the choice it is."""
+    if not sample.choice_reward:
+        return sample.rollout_id, None
+    return sample.rollout_id, sample.turn_index if isinstance(sample, StepSample) else sample.turn_indices[0]

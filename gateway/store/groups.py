@@ -6,6 +6,13 @@ A rollout is trainable when it finished `completed` or `truncated`, has a reward
 error or cancelled turn that the client did not retry (with `include_errors` such a rollout is kept, masked:
 it counts in its group's statistics but carries no loss). Turns refused by a rollout limit end a trajectory
 without spoiling it. A group with no trainable rollout is dropped, never served empty.
+
+**Choices rewarded one by one.** A call with `n > 1` is a GRPO group from one prompt: its choices are
+stored as consecutive turns, `choice_index` 0..n-1, all copied from the call's one record (the same
+`started_at`). When each of them has a turn-level reward (the latest posted for that turn), each trains with
+its own reward and an advantage across the call's choices, by the same rule as a group's rollouts; the
+rollout's other samples keep the rollout's reward and advantage. A rollout all of whose samples are such
+choices trains without a rollout-level reward, and stays out of its group's statistics unless it has one.
 """
 
 from __future__ import annotations
@@ -13,9 +20,9 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import ColumnElement, and_, case, func, or_, select
@@ -55,6 +62,14 @@ class RolloutInfo:
     skip_reason: str | None = None
     masked: bool = False
     advantage: float = 0.0
+    choice_rewards: list[dict[int, float]] = field(default_factory=list)
+    """The n > 1 calls whose every choice has a turn reward: per call, each choice's turn -> its reward."""
+    choices_cover: bool = False
+    """Every sample of the rollout is one of those choices: it trains without a rollout-level reward."""
+    turn_components: dict[int, dict[str, float] | None] = field(default_factory=dict)
+    """The named parts of each of those choices' reward."""
+    choice_outcomes: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Set by `classify` for a served rollout: each of those choices' turn -> (reward, advantage)."""
 
     @property
     def oldest_version(self) -> int | None:
@@ -166,7 +181,78 @@ def load_rollouts(conn: Connection, rollout_rows: Sequence[Any]) -> list[Rollout
         info.turns += turns
         info.bad_turns += int(bad_turns or 0)
         info.versions.append(version)
+    _load_rewarded_choices(conn, infos)
     return list(infos.values())
+
+
+class TurnOutline(NamedTuple):
+    """What finding a rollout's rewarded choices needs of a stored turn."""
+
+    turn_index: int
+    choice_index: int
+    started_at: float
+    sampled: bool
+    """It sampled ids: it is a training sample."""
+
+
+def choice_calls(turns: Sequence[TurnOutline]) -> list[list[int]]:
+    """The turn indexes of each call with several choices, from a rollout's turns in order.
+
+    A call's choices are consecutive turns (they commit together) copied from one record: the same start,
+    their choice index rising. A call of one choice, or one that recorded a single choice, is no comparison.
+    """
+    calls: list[list[TurnOutline]] = []
+    for turn in turns:
+        last = calls[-1][-1] if calls else None
+        if last and turn.started_at == last.started_at and turn.choice_index > last.choice_index:
+            calls[-1].append(turn)
+        else:
+            calls.append([turn])
+    return [[turn.turn_index for turn in call] for call in calls if len(call) > 1]
+
+
+def rewarded_choices(
+    turns: Sequence[TurnOutline], turn_rewards: Mapping[int, float]
+) -> tuple[list[dict[int, float]], bool]:
+    """The calls whose every choice has a turn reward (per call, each choice's turn -> its reward), and
+    whether those choices hold every sample of the rollout."""
+    calls = [
+        {turn: turn_rewards[turn] for turn in call}
+        for call in choice_calls(turns)
+        if all(turn in turn_rewards for turn in call)
+    ]
+    chosen = {turn for call in calls for turn in call}
+    return calls, bool(calls) and all(t.turn_index in chosen for t in turns if t.sampled)
+
+
+def _load_rewarded_choices(conn: Connection, infos: dict[str, RolloutInfo]) -> None:
+    """Fill in the rewarded choices of the rollouts with turn rewards (of each turn the latest counts, as the
+    latest rollout reward does); the turns of the others are not read."""
+    t, w = schema.turns, schema.rewards
+    latest = (
+        select(func.max(w.c.reward_id))
+        .where(w.c.rollout_id.in_(list(infos)), w.c.turn_index.is_not(None))
+        .group_by(w.c.rollout_id, w.c.turn_index)
+    )
+    turn_rewards: dict[str, dict[int, float]] = defaultdict(dict)
+    for rollout_id, turn_index, value, components in conn.execute(
+        select(w.c.rollout_id, w.c.turn_index, w.c.value, w.c.components).where(w.c.reward_id.in_(latest))
+    ):
+        turn_rewards[rollout_id][turn_index] = value
+        infos[rollout_id].turn_components[turn_index] = components
+    if not turn_rewards:
+        return
+    turns: dict[str, list[TurnOutline]] = defaultdict(list)
+    for rollout_id, *outline in conn.execute(
+        select(t.c.rollout_id, t.c.turn_index, t.c.choice_index, t.c.started_at, t.c.completion_tokens > 0)
+        .where(t.c.rollout_id.in_(list(turn_rewards)))
+        .order_by(t.c.rollout_id, t.c.turn_index)
+    ):
+        turns[rollout_id].append(TurnOutline(*outline))
+    for rollout_id, rewards in turn_rewards.items():
+        infos[rollout_id].choice_rewards, infos[rollout_id].choices_cover = rewarded_choices(
+            turns[rollout_id], rewards
+        )
 
 
 def classify(rollouts: list[RolloutInfo], options: SampleOptions) -> Selection:
@@ -176,6 +262,7 @@ def classify(rollouts: list[RolloutInfo], options: SampleOptions) -> Selection:
     for info in rollouts:
         info.skip_reason = _skip_reason(info, options)
         info.masked = info.skip_reason is None and info.bad_turns > 0
+        info.advantage, info.choice_outcomes = 0.0, {}
         groups[info.group_id].append(info)
     for group_id, members in groups.items():
         trainable = [r for r in members if r.skip_reason is None]
@@ -183,11 +270,25 @@ def classify(rollouts: list[RolloutInfo], options: SampleOptions) -> Selection:
         if not trainable:
             selection.dropped_groups.append(group_id)
             continue
-        rewards = [r.reward for r in trainable if r.reward is not None]
-        for info, advantage in zip(trainable, advantages(rewards, options), strict=True):
+        rewarded = [(info, info.reward) for info in trainable if info.reward is not None]
+        scores = advantages([reward for _, reward in rewarded], options)
+        for (info, _), advantage in zip(rewarded, scores, strict=True):
             info.advantage = advantage
+        for info in trainable:
+            info.choice_outcomes = _choice_outcomes(info.choice_rewards, options)
         selection.served[group_id] = trainable
     return selection
+
+
+def _choice_outcomes(calls: list[dict[int, float]], options: SampleOptions) -> dict[int, tuple[float, float]]:
+    """Each rewarded choice's turn -> (its reward, its advantage across its call's choices)."""
+    return {
+        turn: (reward, advantage)
+        for call in calls
+        for (turn, reward), advantage in zip(
+            call.items(), advantages(list(call.values()), options), strict=True
+        )
+    }
 
 
 def advantages(rewards: Sequence[float], options: SampleOptions) -> list[float]:
@@ -209,7 +310,7 @@ def _skip_reason(info: RolloutInfo, options: SampleOptions) -> str | None:
         return "late"
     if info.status not in TRAINABLE:
         return "failed"
-    if info.reward is None:
+    if info.reward is None and not info.choices_cover:
         return "no_reward"
     if info.turns == 0:
         return "no_turns"

@@ -66,24 +66,30 @@ def _steps(info: RolloutInfo, rows: list[Any]) -> list[StepSample]:
     # A client's retry repeats an earlier attempt: the agent went on with the retry's reply, so the attempt
     # it repeats carries no loss (it is never trained on twice).
     retried = {row["retry_of"] for row in rows if row["retry_of"] is not None}
-    return [
-        StepSample(
-            rollout_id=info.rollout_id,
-            group_id=info.group_id,
-            step=step,
-            turn_index=row["turn_index"],
-            is_last_step=step == len(steps) - 1,
-            prompt_ids=full[row["turn_index"]].prompt_ids,
-            completion_ids=unpack_ids(row["completion_ids"]),
-            logprobs=unpack_logprobs(row["completion_logprobs"]),
-            reward=float(info.reward) if info.reward is not None else 0.0,
-            reward_components=info.reward_components,
-            advantage=info.advantage,
-            policy_version=row["policy_version"],
-            finish_reason=row["finish_reason"],
-            masked=info.masked or row["status"] != TurnStatus.OK or row["turn_index"] in retried,
-            parent_turn=row["parent_turn"],
-            drift_tokens=row["drift_tokens"],
+    samples = []
+    for step, row in enumerate(steps):
+        turn = row["turn_index"]
+        own = info.choice_outcomes.get(turn)
+        reward, advantage = own if own is not None else (info.reward or 0.0, info.advantage)
+        samples.append(
+            StepSample(
+                rollout_id=info.rollout_id,
+                group_id=info.group_id,
+                step=step,
+                turn_index=turn,
+                is_last_step=step == len(steps) - 1,
+                prompt_ids=full[turn].prompt_ids,
+                completion_ids=unpack_ids(row["completion_ids"]),
+                logprobs=unpack_logprobs(row["completion_logprobs"]),
+                reward=float(reward),
+                reward_components=info.turn_components.get(turn) if own else info.reward_components,
+                advantage=advantage,
+                policy_version=row["policy_version"],
+                finish_reason=row["finish_reason"],
+                masked=info.masked or row["status"] != TurnStatus.OK or turn in retried,
+                parent_turn=row["parent_turn"],
+                drift_tokens=row["drift_tokens"],
+                choice_reward=own is not None,
+            )
         )
-        for step, row in enumerate(steps)
-    ]
+    return samples

@@ -1,5 +1,12 @@
 """Training samples with the engine's exact ids and sampling logprobs: step-wise (one per model call) or
-merged (one per chain of calls that extend each other exactly)."""
+merged (one per chain of calls that extend each other exactly).
+
+A sample's reward and advantage are its rollout's, except for a choice of an n > 1 call whose choices were
+rewarded one by one (`gateway.store.groups`): it has its own. Such a choice is a merged sample of its own:
+it joins neither the chain it extends nor a later turn that extends it (that turn starts a chain, the
+choice's ids part of its prompt, without loss), so that each token trains with the advantage of its turn,
+merged or not.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +41,9 @@ class StepSample:
     masked: bool = False
     parent_turn: int | None = None
     drift_tokens: int | None = None
+    choice_reward: bool = False
+    """`reward` and `advantage` are this turn's own: a choice of a call whose choices were rewarded one by
+    one."""
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -96,6 +106,8 @@ class MergedSample:
     policy_version: str | None
     finish_reason: str | None
     masked: bool = False
+    choice_reward: bool = False
+    """A choice rewarded on its own (`StepSample.choice_reward`), alone in its sample."""
 
     def to_json(self) -> dict[str, Any]:
         return _record(
@@ -126,10 +138,12 @@ def _record(sample: StepSample | MergedSample, tokens: dict[str, Any]) -> dict[s
 
 
 def merge_steps(steps: list[StepSample]) -> list[MergedSample]:
-    """One rollout's steps (in order) merged wherever each extends the one before exactly."""
+    """One rollout's steps (in order) merged wherever each extends the one before exactly, but for choices
+    rewarded on their own: each is a sample alone."""
     chains: list[list[StepSample]] = []
     for step in steps:
-        if chains and step.extends(chains[-1][-1]):
+        previous = chains[-1][-1] if chains else None
+        if previous and not (step.choice_reward or previous.choice_reward) and step.extends(previous):
             chains[-1].append(step)
         else:
             chains.append([step])
@@ -160,4 +174,5 @@ def _merge(chain: list[StepSample]) -> MergedSample:
         policy_version=last.policy_version,
         finish_reason=last.finish_reason,
         masked=all(step.masked for step in chain),
+        choice_reward=last.choice_reward,
     )

@@ -122,20 +122,44 @@ def group(conn: Connection, group_id: str) -> dict[str, Any] | None:
     selection = read_groups(conn, [group_id], TRAINER_DEFAULTS)
     infos = {info.rollout_id: info for info in selection.rollouts + selection.skipped}
     last = _last_replies(conn, [row["rollout_id"] for row in found])
+    rewards: list[float] = []
+    trained = 0
     for row in found:
         info = infos.get(row["rollout_id"])
-        row["advantage"] = info.advantage if info is not None and info.skip_reason is None else None
         row["skip_reason"] = "eval" if info is None else info.skip_reason
+        row["advantage"] = _rollout_advantage(info)
+        row["choices"] = _choices(info)
         row["masked"] = info is not None and info.masked
         row["last_reply"] = last.get(row["rollout_id"])
-    rewards = [row["reward"] for row in found if row["advantage"] is not None]
+        if row["skip_reason"] is None:  # it trains: its reward, or its choices' rewards, count in the mean
+            trained += 1
+            if row["advantage"] is not None:
+                rewards.append(row["reward"])
+            rewards.extend(choice["reward"] for choice in row["choices"])
     return {
         "group_id": group_id,
         "rollouts": found,
-        "trained": len(rewards),
+        "trained": trained,
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "normalized": TRAINER_DEFAULTS.normalize_std,
     }
+
+
+def _rollout_advantage(info: RolloutInfo | None) -> float | None:
+    """The advantage the rollout's reward gives its samples, if it trains with a reward of its own (a
+    rollout may train on its choices' rewards alone)."""
+    if info is None or info.skip_reason is not None or info.reward is None:
+        return None
+    return info.advantage
+
+
+def _choices(info: RolloutInfo | None) -> list[dict[str, Any]]:
+    """The choices rewarded one by one that train, each with its reward and advantage across its call."""
+    outcomes = info.choice_outcomes if info is not None else {}
+    return [
+        {"turn_index": turn, "reward": reward, "advantage": advantage}
+        for turn, (reward, advantage) in sorted(outcomes.items())
+    ]
 
 
 def _last_replies(conn: Connection, rollout_ids: list[str]) -> dict[str, str | None]:
@@ -176,12 +200,11 @@ def trainer_samples(conn: Connection, rollout_id: str) -> dict[str, Any] | None:
     if info is None:  # an evaluation rollout: never trained; its samples shown as they would be
         info = RolloutInfo(row.rollout_id, row.group_id, row.status, row.reward, row.reward_components)
         info.skip_reason = "eval"
-    skip_reason = info.skip_reason
     samples = load_samples(conn, [info], merged=True)
     return {
         "rollout_id": rollout_id,
         "group_id": row.group_id,
-        "skip_reason": skip_reason,
-        "advantage": info.advantage if skip_reason is None else None,
+        "skip_reason": info.skip_reason,
+        "advantage": _rollout_advantage(info),
         "samples": [sample.to_json() for sample in samples],
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -21,6 +23,7 @@ def step(
     turn_index: int = 0,
     parent_turn: int | None = None,
     masked: bool = False,
+    choice_reward: bool = False,
 ) -> StepSample:
     return StepSample(
         rollout_id=rollout_id,
@@ -38,6 +41,7 @@ def step(
         finish_reason="stop",
         masked=masked,
         parent_turn=parent_turn,
+        choice_reward=choice_reward,
     )
 
 
@@ -270,6 +274,23 @@ def test_metrics_count_each_rollout_once_for_rewards_and_every_sample_for_tokens
         "groups": 1.0,
         "skipped_stale": 2.0,
     }
+
+
+def test_metrics_count_each_choice_rewarded_on_its_own_as_a_trajectory() -> None:
+    batch = Batch(
+        [
+            step("r1", [1], [10], [-0.5], reward=1.0, turn_index=0, choice_reward=True),
+            step("r1", [1], [11], [-0.5], reward=0.0, turn_index=1, choice_reward=True),
+            step("r1", [1, 11, 5], [12], [-0.5], reward=0.5, turn_index=2, parent_turn=1),
+            step("r2", [1], [13], [-0.5], reward=0.5),
+        ]
+    )
+    metrics = batch.metrics()
+    assert (metrics["rollouts"], metrics["reward_mean"], metrics["reward_std"]) == (
+        2.0,
+        0.5,
+        math.sqrt(0.125),
+    )
 
 
 def test_metrics_loss_tokens_leave_out_masked_samples() -> None:

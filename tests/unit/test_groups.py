@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.store.groups import RolloutInfo, SampleOptions, Selection, classify, numeric_version
+from gateway.store.groups import (
+    RolloutInfo,
+    SampleOptions,
+    Selection,
+    TurnOutline,
+    choice_calls,
+    classify,
+    numeric_version,
+    rewarded_choices,
+)
 
 
 def rollout(
@@ -358,3 +367,99 @@ def test_advantages_are_python_floats() -> None:
     infos = [rollout("a", reward=1.0), rollout("b", reward=0.0)]
     classify(infos, SampleOptions())
     assert [type(r.advantage) for r in infos] == [float, float]
+
+
+# --- choices of one call rewarded one by one ----------------------------------------------------------------
+
+
+def outline(turn_index: int, choice_index: int, started_at: float, sampled: bool = True) -> TurnOutline:
+    return TurnOutline(turn_index, choice_index, started_at, sampled)
+
+
+def test_a_calls_choices_are_consecutive_turns_of_one_start_with_rising_choice_index() -> None:
+    turns = [
+        outline(0, 0, 1.0),  # a call with one choice
+        outline(1, 0, 2.0),  # a call with three
+        outline(2, 1, 2.0),
+        outline(3, 2, 2.0),
+        outline(4, 0, 3.0),  # two calls of two choices that started at the same time
+        outline(5, 1, 3.0),
+        outline(6, 0, 3.0),
+        outline(7, 1, 3.0),
+        outline(8, 1, 4.0),  # an error call that recorded its second choice only
+    ]
+    assert choice_calls(turns) == [[1, 2, 3], [4, 5], [6, 7]]
+
+
+def test_only_calls_whose_every_choice_has_a_turn_reward_are_rewarded_one_by_one() -> None:
+    turns = [outline(0, 0, 1.0), outline(1, 1, 1.0), outline(2, 0, 2.0), outline(3, 1, 2.0)]
+    calls, cover = rewarded_choices(turns, {0: 1.0, 1: 0.0, 2: 0.5})
+    assert (calls, cover) == ([{0: 1.0, 1: 0.0}], False)
+
+
+def test_choices_cover_a_rollout_when_every_sample_is_a_rewarded_choice() -> None:
+    turns = [outline(0, 0, 1.0), outline(1, 1, 1.0), outline(2, 0, 2.0, sampled=False)]
+    assert rewarded_choices(turns, {0: 1.0, 1: 0.0}) == ([{0: 1.0, 1: 0.0}], True)
+    assert rewarded_choices(turns, {}) == ([], False)
+    assert rewarded_choices([outline(0, 0, 1.0)], {0: 1.0}) == ([], False)  # one choice: no call to compare
+
+
+def rewarded_call(
+    rollout_id: str, rewards: list[float], *, reward: float | None = None, cover: bool = True
+) -> RolloutInfo:
+    """A rollout whose one n > 1 call (turns 0..n-1) has a reward per choice."""
+    info = rollout(rollout_id, reward=reward, turns=len(rewards))
+    info.choice_rewards = [dict(enumerate(rewards))]
+    info.choices_cover = cover
+    return info
+
+
+def test_choices_rewarded_one_by_one_get_advantages_across_their_call() -> None:
+    info = rewarded_call("a", [1.0, 0.0])
+    selection = classify([info], SampleOptions())
+    assert selection.skipped == []
+    assert info.choice_outcomes == {0: (1.0, 0.5 / (0.5 + 1e-6)), 1: (0.0, -0.5 / (0.5 + 1e-6))}
+
+
+def test_choice_advantages_follow_the_groups_normalize_std_and_epsilon() -> None:
+    centred = rewarded_call("a", [1.0, 0.0, 0.5])
+    classify([centred], SampleOptions(normalize_std=False))
+    assert centred.choice_outcomes == {0: (1.0, 0.5), 1: (0.0, -0.5), 2: (0.5, 0.0)}
+    scaled = rewarded_call("b", [3.0, 1.0])
+    classify([scaled], SampleOptions(epsilon=1.0))
+    assert scaled.choice_outcomes == {0: (3.0, 0.5), 1: (1.0, -0.5)}
+
+
+@pytest.mark.parametrize("epsilon", [1e-6, 0.0])
+def test_equal_choice_rewards_give_advantages_of_exactly_zero(epsilon: float) -> None:
+    info = rewarded_call("a", [0.1, 0.1, 0.1])
+    classify([info], SampleOptions(epsilon=epsilon))
+    assert info.choice_outcomes == {0: (0.1, 0.0), 1: (0.1, 0.0), 2: (0.1, 0.0)}
+
+
+def test_each_call_of_a_rollout_is_its_own_comparison() -> None:
+    info = rollout("a", reward=None, turns=4)
+    info.choice_rewards = [{0: 1.0, 1: 0.0}, {2: 5.0, 3: 7.0}]
+    info.choices_cover = True
+    classify([info], SampleOptions(normalize_std=False))
+    assert info.choice_outcomes == {0: (1.0, 0.5), 1: (0.0, -0.5), 2: (5.0, -1.0), 3: (7.0, 1.0)}
+
+
+def test_a_rollout_with_samples_outside_its_rewarded_choices_still_needs_a_rollout_reward() -> None:
+    uncovered = rewarded_call("a", [1.0, 0.0], cover=False)
+    selection = classify([uncovered, rollout("b")], SampleOptions())
+    assert reasons(selection) == {"a": "no_reward"}
+    assert uncovered.choice_outcomes == {}
+
+
+def test_rollouts_trained_on_their_choices_alone_stay_out_of_the_groups_statistics() -> None:
+    infos = [rollout("a", reward=1.0), rollout("b", reward=0.0), rewarded_call("c", [9.0, 3.0])]
+    selection = classify(infos, SampleOptions(normalize_std=False))
+    assert advantages(selection) == {"a": 0.5, "b": -0.5, "c": 0.0}
+    assert infos[2].choice_outcomes == {0: (9.0, 3.0), 1: (3.0, -3.0)}
+
+
+def test_a_rollout_with_both_keeps_its_rollout_advantage_for_the_other_samples() -> None:
+    infos = [rewarded_call("a", [1.0, 0.0], reward=2.0, cover=False), rollout("b", reward=0.0)]
+    classify(infos, SampleOptions(normalize_std=False))
+    assert (infos[0].advantage, infos[0].choice_outcomes) == (1.0, {0: (1.0, 0.5), 1: (0.0, -0.5)})

@@ -20,6 +20,7 @@ def step(
     finish_reason: str | None = "stop",
     reward: float = 1.0,
     advantage: float = 0.5,
+    choice_reward: bool = False,
 ) -> StepSample:
     return StepSample(
         rollout_id="r",
@@ -37,6 +38,7 @@ def step(
         finish_reason=finish_reason,
         masked=masked,
         parent_turn=parent_turn,
+        choice_reward=choice_reward,
     )
 
 
@@ -223,6 +225,29 @@ def test_fork_from_an_earlier_turn_starts_a_new_sample_even_when_its_tokens_exte
     assert second.input_ids.tolist() == [1, 2, 10, 20, 12]
     assert second.loss_mask.tolist() == [0, 0, 0, 0, 1]  # turn 0's completion is trained once, in `first`
     assert second.token_logprobs.tolist() == [0.0, 0.0, 0.0, 0.0, -1.0]
+
+
+def test_a_choice_rewarded_on_its_own_is_a_sample_of_its_own_whatever_it_extends() -> None:
+    steps = [
+        step(0, [1, 2], [10], [-0.5]),
+        step(1, [1, 2, 10, 20], [11], [-0.25], parent_turn=0, reward=1.0, advantage=0.9, choice_reward=True),
+        step(2, [1, 2, 10, 20], [12], [-1.0], parent_turn=0, reward=0.0, advantage=-0.9, choice_reward=True),
+        step(3, [1, 2, 10, 20, 12, 30], [13], [-2.0], parent_turn=2),  # the agent went on with choice 1
+    ]
+    merged = merge_steps(steps)
+    assert [m.turn_indices for m in merged] == [[0], [1], [2], [3]]
+    assert [(m.reward, m.advantage, m.choice_reward) for m in merged] == [
+        (1.0, 0.5, False),
+        (1.0, 0.9, True),
+        (0.0, -0.9, True),
+        (1.0, 0.5, False),
+    ]
+    assert [m.loss_mask.tolist() for m in merged] == [
+        [0, 0, 1],
+        [0, 0, 0, 0, 1],
+        [0, 0, 0, 0, 1],
+        [0] * 6 + [1],
+    ]
 
 
 def test_masked_turn_inside_a_chain_carries_no_loss_but_keeps_its_logprobs() -> None:

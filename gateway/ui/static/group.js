@@ -8,7 +8,9 @@ function bars(rollouts) {
   const width = Number(box.getAttribute("width")), height = Number(box.getAttribute("height"));
   const scored = rollouts.filter((r) => r.advantage !== null);
   if (!scored.length) {
-    box.replaceChildren(svg("text", { x: 10, y: height / 2 }, "no rollout of this group trains yet"));
+    const why = rollouts.some((r) => r.choices.length) ? "each choice trains with its own advantage: see the table"
+      : "no rollout of this group trains yet";
+    box.replaceChildren(svg("text", { x: 10, y: height / 2 }, why));
     return;
   }
   const reach = Math.max(...scored.map((r) => Math.abs(r.advantage)), 1e-9);
@@ -27,6 +29,13 @@ function bars(rollouts) {
   box.replaceChildren(...nodes);
 }
 
+// Choices of a call rewarded one by one: each trains with its own advantage, across its call's choices.
+function choices(r) {
+  if (!r.choices.length) return [];
+  return [el("div", { class: "choices", title: "advantages of the choices rewarded one by one, by turn" },
+    r.choices.map((c) => `${c.turn_index}: ${fixed(c.advantage, 2)}`).join("  "))];
+}
+
 function table(rollouts) {
   const head = ["rollout", "status", "reward", "advantage", "trains", "turns", "tokens", "errors", "drifted",
     "version", "last reply"];
@@ -37,7 +46,7 @@ function table(rollouts) {
       el("td", {}, el("a", { href: `/ui/rollouts/${encodeURIComponent(r.rollout_id)}` }, r.rollout_id)),
       el("td", { class: `status-${r.status}` }, r.status),
       el("td", { class: "num reward" }, fixed(r.reward)),
-      el("td", { class: "num advantage" }, fixed(r.advantage)),
+      el("td", { class: "num advantage" }, fixed(r.advantage), ...choices(r)),
       el("td", { class: r.skip_reason ? "bad" : "" }, trains),
       el("td", { class: "num" }, r.turns),
       el("td", { class: "num" }, r.prompt_tokens + r.completion_tokens),

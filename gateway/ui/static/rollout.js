@@ -74,7 +74,9 @@ async function showSamples(rollout, texts) {
     return;
   }
   const models = new Map(rollout.turns.map((turn) => [turn.index, String(turn.model)]));
-  const verdict = data.skip_reason ? `not trained now: ${data.skip_reason}` : `trained with advantage ${fixed(data.advantage)}`;
+  const verdict = data.skip_reason ? `not trained now: ${data.skip_reason}`
+    : data.advantage === null ? "each choice rewarded on its own trains with its own advantage"
+    : `trained with advantage ${fixed(data.advantage)}`;
   box.replaceChildren(el("p", { class: data.skip_reason ? "bad" : "" }, `${data.samples.length} merged samples; ${verdict}`),
     ...data.samples.map((sample) => sampleView(sample, texts[models.get(sample.turn_indices[0])] || {})));
 }
