@@ -5,7 +5,7 @@ a prefix of this turn's messages: the harness sent back that turn's history and 
 Messages are compared in a canonical form (role, content, tool names and arguments, tool-result content;
 ids and reasoning ignored, since harnesses often rewrite ids and drop reasoning when they echo a reply).
 A completions turn's parent is the latest earlier turn whose prompt + completion ids are a prefix of its
-prompt: each node keeps the length and digest of its ids, and the new prompt's prefixes are hashed in one
+prompt: the lineage keeps every turn's id count and digest, and the new prompt's prefixes are hashed in one
 pass at every candidate length, so that every earlier turn is a candidate without holding its ids. A turn
 with no parent whose history shares a beginning with an earlier turn was *forked* from the one sharing the
 most (the harness edited, summarised or truncated its history); for a completions turn this is best effort,
