@@ -74,7 +74,7 @@ _STREAM = {
 async def read_call(request: Request, max_bytes: int, model: type[BaseModel]) -> AgentCall:
     """The request body parsed once, checked against `model` (forwarded as sent, not as parsed)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"request body exceeds {max_bytes} bytes", "request_too_large")
     raw = bytearray()
     async for chunk in request.stream():
@@ -101,9 +101,13 @@ def validated(model: type[ModelT], body: dict[str, Any]) -> ModelT:
 
 
 def _attempt(request: Request) -> int:
-    """The client's retry count: the OpenAI and Anthropic SDKs send it with every retry."""
+    """The client's retry count: the OpenAI and Anthropic SDKs send it with every retry. Anything but a
+    small decimal number (the store keeps it in 32 bits) counts as a first attempt."""
     value = request.headers.get("x-stainless-retry-count", "0")
-    return int(value) if value.isdigit() else 0
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= _RETRY_DIGITS else 0
+
+
+_RETRY_DIGITS = 9
 
 
 async def _agent_call(

@@ -263,3 +263,30 @@ async def test_the_policy_version_is_stamped_at_the_start_and_the_end_of_a_turn(
 
     turn = (await gw.rollout("r1"))["turns"][0]
     assert (turn["policy_version"], turn["policy_version_end"]) == ("7", "7")
+
+
+@pytest.mark.parametrize("count", ["²", "-1", "1e3", "99999999999", ""])
+async def test_a_retry_count_that_is_no_small_number_counts_as_a_first_attempt(gw, count):
+    gw.engine.answer("/v1/chat/completions", chat_reply([1], [5], "x"))
+
+    answer = await gw.client.post(
+        "/rollouts/r1/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-stainless-retry-count": count.encode("latin-1")},
+    )
+
+    assert answer.status_code == 200
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    assert (turn["status"], turn["attempt"], turn["retry_of"]) == ("ok", 0, None)
+
+
+async def test_a_retry_count_is_recorded_as_the_attempt(gw):
+    gw.engine.answer("/v1/chat/completions", chat_reply([1], [5], "x"))
+
+    await gw.client.post(
+        "/rollouts/r1/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-stainless-retry-count": "2"},
+    )
+
+    assert (await gw.rollout("r1"))["turns"][0]["attempt"] == 2
