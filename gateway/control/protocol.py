@@ -119,6 +119,9 @@ class TurnView(BaseModel):
     policy_version: str | None
     policy_version_end: str | None
     weight_versions: list[dict[str, Any]] | None
+    """vLLM's spans of output tokens per weight version, kept by exact turns that went through its
+    token-in/token-out endpoints (stores of earlier gateways); null for turns through its chat endpoint,
+    which does not report them: `policy_version` and `policy_version_end` bound every turn."""
     content: str | None
     reasoning: str | None
     tool_calls: list[dict[str, Any]] | None

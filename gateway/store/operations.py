@@ -169,7 +169,6 @@ class Operations:
                 "repinned_from": record.repinned_from,
                 "policy_version": record.policy_version,
                 "policy_version_end": record.policy_version_end,
-                "weight_versions": record.weight_versions,
                 "prefix_messages": placement.prefix_messages,
                 "messages": placement.new_messages,
                 "prompt_text": record.prompt_text,

@@ -51,8 +51,6 @@ class TurnRecord:
     policy_version_end: str | None = None
     """The policy version when the turn finished: differs from `policy_version` if weights changed
     meanwhile."""
-    weight_versions: list[dict[str, Any]] | None = None
-    """Exact mode: vLLM's spans of output tokens per weight version."""
     plain_prompt_ids: np.ndarray | None = None
     """Exact mode: the plain render of the messages, against which drift is measured."""
     prompt_completions: tuple[tuple[int, int], ...] | None = None

@@ -19,6 +19,8 @@ from gateway.store.records import TurnRecord
 from gateway.store.tokens import ID_DTYPE, LOGPROB_DTYPE
 
 _REQUEST_PAYLOAD_KEYS = frozenset({"messages", "tools", "prompt"})
+RENDERED_BY_VLLM = "fallback: vLLM rendered the messages itself"
+"""An exact turn's `splice` when vLLM did not take the prompt given as ids."""
 _PROMPT_IDS_KEY = b'"prompt_token_ids":'
 _PROMPT_IDS = _PROMPT_IDS_KEY + b"["
 _DIGITS_AND_COMMAS = b"0123456789,"
@@ -76,6 +78,8 @@ class TurnCapture:
         self.record = record
         self.prompt_ids: list[int] | np.ndarray = []
         self.choices: dict[int, Choice] = {}
+        self.sent_prompt: np.ndarray | None = None
+        """The prompt exact mode gave vLLM as ids, to check against the one vLLM reports it used."""
 
     def choice(self, index: int = 0) -> Choice:
         found = self.choices.get(index)
@@ -140,6 +144,10 @@ class TurnCapture:
     def finish(self) -> list[TurnRecord]:
         """One record per choice, in choice order (one, empty, if nothing was generated)."""
         prompt = np.asarray(self.prompt_ids, dtype=ID_DTYPE)
+        if self.sent_prompt is not None and not np.array_equal(prompt, self.sent_prompt):
+            # vLLM rendered the messages itself: the turn holds its ids, not the splice.
+            self.record.splice = RENDERED_BY_VLLM
+            self.record.prompt_completions = None
         return [self._record(index, prompt) for index in sorted(self.choices) or [0]]
 
     def _record(self, index: int, prompt: np.ndarray) -> TurnRecord:

@@ -1,4 +1,5 @@
-"""Forwarding one agent call to vLLM (pass-through here, or exact mode in `exact.py`), whole or streamed.
+"""Forwarding one agent call to vLLM, whole or streamed: as the agent sent it (pass-through), or with its
+prompt given as exact ids (exact mode, `exact.py`).
 
 The turn is committed before the reply is released: a whole reply is sent after the commit, a streamed one
 passes every chunk through as it arrives and sends its end after the commit (`relay.py`). Whatever step
@@ -24,8 +25,7 @@ from gateway.turns.admission import Refusal, cap_reply, check_context_limit, che
 from gateway.turns.admission import prompt_tokens as count_prompt
 from gateway.turns.capture import Asked, ChatCapture, TurnCapture
 from gateway.turns.context import TurnContext
-from gateway.turns.exact import forward_exact
-from gateway.turns.exact_stream import forward_exact_stream
+from gateway.turns.exact import exact_prompt, with_prompt
 from gateway.turns.relay import StreamFailure, relay
 from gateway.turns.sampling import imposed, merged
 from gateway.turns.sse import sse_data
@@ -132,16 +132,17 @@ async def _turn(
     exact = (
         mode == Mode.EXACT
         and isinstance(capture, ChatCapture)
-        and call.choices == 1
         and await ctx.backends.exact_capable(capture.record.rollout_id, capture.record.model)
     )
     if exact:
         assert isinstance(capture, ChatCapture)
-        forward_exact_mode = forward_exact_stream if call.stream else forward_exact
-        return await forward_exact_mode(ctx, capture, call.body, asked, limits, wire)
-    if limits.max_context_tokens is not None:
-        prompt = await count_prompt(ctx, capture, call.body)
-        cap_reply(upstream, check_context_limit(prompt, limits.max_context_tokens))
+        prompt = await exact_prompt(ctx, capture, call.body)
+        with_prompt(upstream, prompt)
+        if limits.max_context_tokens is not None:
+            cap_reply(upstream, check_context_limit(len(prompt), limits.max_context_tokens))
+    elif limits.max_context_tokens is not None:
+        counted = await count_prompt(ctx, capture, call.body)
+        cap_reply(upstream, check_context_limit(counted, limits.max_context_tokens))
     if call.stream:
         reply = await send(ctx.backends, capture, upstream)
         chunks = _chunks(capture, reply, asked, wire)

@@ -1,127 +1,97 @@
-"""Exact mode's streamed path against a scripted engine: the protocol of vLLM's stateless streaming derender
-(one call per engine step, the stream state threaded through, the end of the reply as a call of its own)."""
+"""Exact mode's protocol against a scripted engine: one render, then vLLM's own chat endpoint with the prompt
+given as ids, whatever the reply's form (whole, streamed, several choices); what vLLM answers is relayed as in
+pass-through, and the turn says when vLLM did not take the ids."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 import pytest
-from fake_engine import generate_stream, json_reply
+from fake_engine import chat_completion, chat_reply, chat_stream, json_reply
 
-from gateway.turns.exact import DERENDER, GENERATE, RENDER
+from gateway.turns.exact import RENDER
 
 pytestmark = pytest.mark.anyio
 
 PROMPT = [1, 10, 11, 2, 1, 30]
-EOS = 2
+CHAT = "/v1/chat/completions"
 
 
-def derender_answer(step: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    chunk = {
-        "id": "gen-1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "tiny",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return {"chunk": chunk, "stream_state": {"step": step}}
-
-
-async def test_streamed_exact_reply_derenders_each_engine_step_then_the_finish_on_its_own(start):
+async def exact_gateway(start):  # type: ignore[no-untyped-def]
     gw = await start(mode="exact")
     gw.engine.exact = True
     gw.engine.answer(RENDER, json_reply({"token_ids": PROMPT, "sampling_params": {"max_tokens": 16}}))
-    # Three engine steps: two tokens arrive together, then one, then the end-of-sequence token alone.
-    gw.engine.answer(GENERATE, generate_stream(PROMPT, [[5, 6], [7], [EOS]]))
-    for step, (delta, finish) in enumerate(
-        [({"role": "assistant", "content": "ab"}, None), ({"content": "c"}, None), ({}, "stop")]
-    ):
-        gw.engine.answer(DERENDER, json_reply(derender_answer(step, delta, finish)))
+    return gw
 
-    response = await gw.chat("r1", stream=True)
+
+async def test_a_streamed_exact_reply_is_one_render_and_vllms_own_chat_stream_relayed(start):
+    gw = await exact_gateway(start)
+    gw.engine.answer(CHAT, chat_stream(PROMPT, [(5, "a"), (6, "b"), (2, "")]))
+
+    response = await gw.chat("r1", stream=True, kv_transfer_params={"do_remote_decode": False})
 
     assert response.status_code == 200
     events = [line[6:] for line in response.text.split("\n\n") if line.startswith("data: ")]
     chunks = [orjson.loads(e) for e in events[:-1]]
     assert events[-1] == "[DONE]"
-    assert [c["choices"][0]["delta"].get("content") for c in chunks] == ["ab", "c", None]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    derenders = [body for path, body in gw.engine.requests if path == DERENDER]
-    assert [d["generate_chunk"]["choices"][0]["token_ids"] for d in derenders] == [[5, 6], [7], []]
-    assert [d["generate_chunk"]["choices"][0]["finish_reason"] for d in derenders] == [None, None, "stop"]
-    assert [d["stream_state"] for d in derenders] == [None, {"step": 0}, {"step": 1}]
-    assert all(d["prompt_token_ids"] == PROMPT for d in derenders)
+    assert [c["choices"][0]["delta"].get("content") for c in chunks] == ["", "a", "b", ""]
+    assert [c["choices"][0].get("token_ids") for c in chunks[1:]] == [None, None, None]  # not asked for
+    (render, _), (path, sent) = gw.engine.requests
+    assert (render, path) == (RENDER, CHAT)
+    assert sent["kv_transfer_params"] == {"do_remote_decode": False, "prompt_token_ids": PROMPT}
+    assert (sent["stream"], sent["return_token_ids"], sent["logprobs"]) == (True, True, True)
     (turn,) = (await gw.rollout("r1"))["turns"]
-    assert (turn["completion_token_ids"], turn["content"], turn["finish_reason"]) == (
-        [5, 6, 7, EOS],
-        "abc",
-        "stop",
-    )
-    assert turn["completion_logprobs"] == [-0.5] * 4
+    assert (turn["prompt_token_ids"], turn["completion_token_ids"]) == (PROMPT, [5, 6, 2])
+    assert (turn["content"], turn["finish_reason"], turn["splice"]) == ("ab", "stop", "render")
+    assert turn["completion_logprobs"] == [-0.25, -0.5, -0.75]
 
 
-async def test_streamed_exact_reply_ends_with_the_usage_chunk_the_agent_asked_for(start):
-    gw = await start(mode="exact")
-    gw.engine.exact = True
-    gw.engine.answer(RENDER, json_reply({"token_ids": PROMPT, "sampling_params": {"max_tokens": 16}}))
-    gw.engine.answer(GENERATE, generate_stream(PROMPT, [[5, 6], [EOS]]))
-    for step, (delta, finish) in enumerate([({"role": "assistant", "content": "ab"}, None), ({}, "stop")]):
-        gw.engine.answer(DERENDER, json_reply(derender_answer(step, delta, finish)))
-
-    response = await gw.chat("r1", stream=True, stream_options={"include_usage": True})
-
-    events = [line[6:] for line in response.text.split("\n\n") if line.startswith("data: ")]
-    usage = orjson.loads(events[-2])
-    assert events[-1] == "[DONE]"
-    assert (usage["id"], usage["model"], usage["choices"]) == ("gen-1", "tiny", [])
-    assert usage["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}
-
-
-def generate_whole(token_ids: list[int]) -> dict[str, Any]:
-    logprobs = [{"token": f"token_id:{t}", "logprob": -0.5} for t in token_ids]
-    choice = {"index": 0, "token_ids": token_ids, "logprobs": {"content": logprobs}, "finish_reason": "stop"}
-    return {"request_id": "gen-1", "choices": [choice]}
-
-
-def derendered_calls(*ids: str) -> dict[str, Any]:
-    calls = [
-        {"id": call_id, "type": "function", "function": {"name": "ls", "arguments": '{"path": "/tmp"}'}}
-        for call_id in ids
-    ]
-    message = {"role": "assistant", "content": None, "tool_calls": calls}
-    return {
-        "id": "gen-1",
-        "object": "chat.completion",
-        "created": 1,
-        "model": "tiny",
-        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
-    }
-
-
-@pytest.mark.parametrize(
-    ("parser_ids", "expected"),
-    [
-        (["Ab3dE6gH9", "Zz1yX2wV3"], ["Ab3dE6gH9", "Zz1yX2wV3"]),  # the parser's own (Mistral-style) ids
-        ([], ["chatcmpl-tool-9f2c", "chatcmpl-tool-77aa"]),  # none from one chunk: vLLM's default format
-    ],
-    ids=["parser ids", "default format"],
-)
-async def test_whole_exact_reply_carries_the_tool_call_ids_vllms_chat_would(start, parser_ids, expected):
-    gw = await start(mode="exact")
-    gw.engine.exact = True
-    gw.engine.answer(RENDER, json_reply({"token_ids": PROMPT, "sampling_params": {}}))
-    gw.engine.answer(GENERATE, json_reply(generate_whole([40, 41, EOS])))
-    gw.engine.answer(DERENDER, json_reply(derendered_calls("9f2c", "77aa")))
-    pieces = [{"index": i, "id": call_id, "type": "function"} for i, call_id in enumerate(parser_ids)]
-    gw.engine.answer(DERENDER, json_reply(derender_answer(0, {"tool_calls": pieces}, "tool_calls")))
+async def test_a_whole_exact_reply_is_vllms_own_chat_reply(start):
+    gw = await exact_gateway(start)
+    gw.engine.answer(CHAT, chat_reply(PROMPT, [40, 41, 2], "hi"))
 
     response = await gw.chat("r1")
 
-    assert response.status_code == 200, response.text
-    assert [c["id"] for c in response.json()["choices"][0]["message"]["tool_calls"]] == expected
-    whole, one_chunk = [body for path, body in gw.engine.requests if path == DERENDER]
-    assert whole["generate_response"]["choices"][0]["token_ids"] == [40, 41]  # the end token left out
-    assert (one_chunk["stream"], one_chunk["generate_chunk"]["choices"][0]["token_ids"]) == (True, [40, 41])
-    (turn,) = (await gw.rollout("r1", include_messages="true"))["turns"]
-    assert [c["id"] for c in turn["tool_calls"]] == expected
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "hi"
+    assert [path for path, _ in gw.engine.requests] == [RENDER, CHAT]
+    assert gw.engine.requests[1][1]["kv_transfer_params"] == {"prompt_token_ids": PROMPT}
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    assert (turn["prompt_token_ids"], turn["completion_token_ids"], turn["splice"]) == (
+        PROMPT,
+        [40, 41, 2],
+        "render",
+    )
+
+
+async def test_several_choices_in_exact_mode_are_one_render_and_a_turn_each(start):
+    gw = await exact_gateway(start)
+    reply = chat_completion(PROMPT, [40, 2], "one")
+    second = {**reply["choices"][0], "index": 1, "token_ids": [41, 42, 2]}
+    second["message"] = {**second["message"], "content": "two"}
+    second["logprobs"] = {"content": [{"token": "t", "logprob": -1.0}] * 3}
+    reply["choices"].append(second)
+    gw.engine.answer(CHAT, json_reply(reply))
+
+    response = await gw.chat("r1", n=2)
+
+    assert [c["message"]["content"] for c in response.json()["choices"]] == ["one", "two"]
+    assert [path for path, _ in gw.engine.requests] == [RENDER, CHAT]
+    turns = (await gw.rollout("r1"))["turns"]
+    assert [(t["choice_index"], t["prompt_token_ids"], t["completion_token_ids"]) for t in turns] == [
+        (0, PROMPT, [40, 2]),
+        (1, PROMPT, [41, 42, 2]),
+    ]
+    assert [t["splice"] for t in turns] == ["render", "render"]
+
+
+async def test_a_reply_whose_prompt_is_not_the_one_given_records_that_vllm_rendered_it(start):
+    gw = await exact_gateway(start)
+    rendered_by_vllm = [1, 10, 11, 2, 1, 30, 99]  # vLLM renders the messages itself for echo and media
+    gw.engine.answer(CHAT, chat_reply(rendered_by_vllm, [40, 2], "hi"))
+
+    response = await gw.chat("r1")
+
+    assert response.status_code == 200
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    assert turn["prompt_token_ids"] == rendered_by_vllm  # the ids the engine saw, always
+    assert turn["splice"] == "fallback: vLLM rendered the messages itself"
