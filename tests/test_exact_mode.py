@@ -201,3 +201,79 @@ def test_backend_without_token_endpoints_is_reported_and_served_in_pass_through(
     assert (turn["splice"], turn["status"]) == (None, "ok")
     assert turn["prompt_token_ids"] == tokenize_chat(vllm, messages) == direct["prompt_token_ids"]
     assert turn["completion_token_ids"] == direct["choices"][0]["token_ids"]
+
+
+def exact_turns_then_several_choices(gateway, stream: bool) -> tuple[list[dict], list[list[int]]]:
+    """A first turn that ends its reply, then a call with 3 choices extending it (streamed or whole): the
+    stored turns, and each choice's ids as the agent received them."""
+    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}).json()
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Hi"}]
+    answer = {"regex": "[a-z]{3,8}"}
+    first = agent.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=20, extra_body={"structured_outputs": answer}
+    )
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "More"},
+    ]
+    body = {"model": "tiny", "messages": messages, "n": 3, "max_tokens": 20, "temperature": 1.0}
+    extra = {"structured_outputs": answer, "return_token_ids": True}
+    ids: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    if stream:
+        for chunk in agent.chat.completions.create(**body, stream=True, extra_body=extra):
+            for choice in chunk.choices:
+                ids[choice.index] += getattr(choice, "token_ids", None) or []
+    else:
+        ids = {c.index: c.token_ids for c in agent.chat.completions.create(**body, extra_body=extra).choices}
+    return stored_rollout(gateway, rollout["rollout_id"])["turns"], [ids[0], ids[1], ids[2]]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_several_choices_in_exact_mode_each_extend_the_parent_exactly(
+    start_gateway, databases, db_kind, stream
+):
+    gateway = start_gateway(databases.new(db_kind), "--mode", "exact")
+
+    (first, *choices), received = exact_turns_then_several_choices(gateway, stream)
+
+    exact = first["prompt_token_ids"] + first["completion_token_ids"]
+    assert [(t["choice_index"], t["splice"], t["parent_turn"]) for t in choices] == [
+        (0, "exact", 0),
+        (1, "exact", 0),
+        (2, "exact", 0),
+    ]
+    assert len({tuple(t["prompt_token_ids"]) for t in choices}) == 1
+    assert choices[0]["prompt_token_ids"][: len(exact)] == exact
+    assert [t["completion_token_ids"] for t in choices] == received
+    assert all(len(t["completion_logprobs"]) == len(t["completion_token_ids"]) > 0 for t in choices)
+
+
+def test_an_exact_reply_is_what_vllms_chat_endpoint_answers_for_the_same_prompt_ids(gateway, vllm):
+    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}).json()
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Hi"}]
+    request = {"model": "tiny", "max_tokens": 12, "temperature": 1.0, "seed": 5, "logprobs": True}
+    answer = {"structured_outputs": {"regex": "[a-z]{3,8}"}}  # a reply that ends: the next turn splices
+    first = agent.chat.completions.create(messages=messages, **request, extra_body=answer)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "More"},
+    ]
+    body = {"messages": messages, **request, "min_tokens": 12, "return_token_ids": True}
+    through = httpx.post(rollout["base_url"] + "/chat/completions", json=body, timeout=60).json()
+    turn = stored_rollout(gateway, rollout["rollout_id"])["turns"][1]
+    kv = {"prompt_token_ids": turn["prompt_token_ids"]}
+    direct = httpx.post(
+        f"{vllm.url}/v1/chat/completions",
+        json={**body, "kv_transfer_params": kv},
+        headers=VLLM_HEADERS,
+        timeout=60,
+    ).json()
+
+    assert turn["splice"] == "exact"
+    for reply in (through, direct):
+        reply.pop("id"), reply.pop("created")
+    assert through["choices"] == direct["choices"]
+    assert through["usage"] == direct["usage"]
+    assert through["prompt_token_ids"] == direct["prompt_token_ids"] == turn["prompt_token_ids"]
