@@ -65,6 +65,18 @@ def state_of(gateway: GatewayProcess) -> dict[str, dict[str, Any]]:
     return {backend["url"]: backend for backend in admin(gateway, "/state").json()["backends"]}
 
 
+def every_call_in_flight(gateway: GatewayProcess, servers: list[VLLMServer], calls: int) -> None:
+    """Wait until `calls` calls are in flight on `servers`, each of them busy (a loaded machine may take
+    seconds to get the first calls of a group out)."""
+    deadline = time.monotonic() + 60
+    while True:
+        loads = [state_of(gateway)[server.url]["in_flight"] for server in servers]
+        if sum(loads) == calls and all(loads):
+            return
+        assert time.monotonic() < deadline, loads
+        time.sleep(0.05)
+
+
 def wait_until_models_known(gateway: GatewayProcess, count: int) -> None:
     deadline = time.monotonic() + 30
     while sum(bool(b["models"]) for b in state_of(gateway).values()) < count:
@@ -233,7 +245,7 @@ def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_ru
     async def run() -> list[list[str]]:
         killed = asyncio.Event()
         agents = asyncio.gather(*(agent(rollout_id, killed) for rollout_id in rollouts))
-        await asyncio.sleep(2)  # every rollout has its server and calls in flight
+        await asyncio.to_thread(every_call_in_flight, gateway, [tiny_a, tiny_b], len(rollouts))
         tiny_b.kill()  # SIGKILL, mid-run
         killed_at.append(time.time())
         killed.set()
