@@ -90,7 +90,7 @@ def reply_message(content: str | None, tool_calls: list[Any] | None) -> dict[str
 class Node:
     index: int
     messages: Messages | None
-    sequence: np.ndarray | None  # prompt + completion ids
+    sequence: np.ndarray  # prompt + completion ids
     finish_reason: str | None = None
     completions: tuple[Span, ...] = ()
 
@@ -136,7 +136,7 @@ class Lineage:
 
     @property
     def tokens(self) -> int:
-        return sum(n.sequence.shape[0] for n in self.nodes.values() if n.sequence is not None)
+        return sum(n.sequence.shape[0] for n in self.nodes.values())
 
     def add(
         self,
@@ -215,7 +215,6 @@ def place(
     if reference is None or prompt_ids.shape[0] == 0:
         return Placement(None, None, 0, None, prompt_ids, 0, messages, prompt_completions or (), hashes)
     node = _full(lineage, reference, load)
-    assert node.sequence is not None
     prefix = common_prefix_len(prompt_ids, node.sequence)
     shared = _equal_prefix(messages, node.messages)
     drift = None
@@ -254,7 +253,6 @@ def find_parent(
         return parent, None
     best, best_len = None, 0
     for node in sorted(lineage.nodes.values(), key=lambda n: n.index, reverse=True):
-        assert node.sequence is not None
         shared = common_prefix_len(prompt_ids, node.sequence)
         if shared > best_len:
             best, best_len = node.index, shared
@@ -271,10 +269,7 @@ def _extended_ids(lineage: Lineage, prompt_ids: np.ndarray) -> int | None:
 
 
 def _full(lineage: Lineage, index: int, load: Callable[[int], Node]) -> Node:
-    node = lineage.nodes.get(index)
-    if node is None or node.sequence is None:
-        node = load(index)
-    return node
+    return lineage.nodes.get(index) or load(index)
 
 
 def _equal_prefix(a: Messages | None, b: Messages | None) -> int:

@@ -264,10 +264,7 @@ class Operations:
         )
         if parent is None:
             return None
-        node = lineage.nodes.get(parent)
-        return (
-            node if node is not None and node.sequence is not None else self._node(conn, rollout_id, parent)
-        )
+        return lineage.nodes.get(parent) or self._node(conn, rollout_id, parent)
 
     def _require_rollout(self, conn: Connection, rollout_id: str) -> dict[str, Any]:
         row = reads.rollout_row(conn, rollout_id)

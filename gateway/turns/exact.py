@@ -34,7 +34,7 @@ async def exact_prompt(ctx: TurnContext, capture: ChatCapture, body: dict[str, A
     record = capture.record
     record.plain_prompt_ids = plain
     parent = await ctx.recorder.parent_of(record.rollout_id, body["messages"])
-    if parent is None or parent.sequence is None:
+    if parent is None:
         record.splice = "render"
         prompt = plain
     else:

@@ -494,7 +494,6 @@ def test_lineage_rebuilt_from_rows_holds_every_turns_full_sequence():
     rollout, _ = five_turns()
     lineage, nodes = lineage_of(rollout.rows)
     assert sorted(nodes) == [0, 1, 2, 3, 4]
-    assert nodes[2].sequence is not None
     assert nodes[2].sequence.tolist() == [*PROMPT_2, 71, 2]
     assert (nodes[2].messages, nodes[0].finish_reason) == (MESSAGES_2, "tool_calls")
     assert lineage.last_index == 4
