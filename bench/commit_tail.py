@@ -18,16 +18,14 @@ import gc
 import sys
 import tempfile
 import time
-import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
 import fake_vllm
 import numpy as np
-import sqlalchemy as sa
-from gateway_overhead import POSTGRES_URL, Client, agent_body, paths_for
+from gateway_overhead import Client, agent_body, paths_for, postgres_schemas
 
 from gateway.demo.launcher import GatewayProcess
-from gateway.store.database import make_engine
 
 TARGET_P999_MS, TARGET_MAX_MS = 10.0, 25.0
 
@@ -66,14 +64,6 @@ def report(name: str, samples: np.ndarray) -> None:
     print("             slowest: " + ", ".join(f"#{i} {samples[i]:.1f} ms" for i in sorted(slowest)))
 
 
-def postgres_schema() -> tuple[str, sa.Engine, str]:
-    schema = f"gw_tail_{uuid.uuid4().hex[:8]}"
-    admin = make_engine(POSTGRES_URL)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-    return f"{POSTGRES_URL}?options=-csearch_path%3D{schema}", admin, schema
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -90,22 +80,16 @@ def main() -> int:
         for store in ("sqlite", "postgresql"):
             if args.store not in (store, "both"):
                 continue
-            admin = None
-            if store == "sqlite":
-                db_url = f"sqlite:///{work / 'tail.db'}"
-            else:
-                db_url, admin, schema = postgres_schema()
-            try:
+            with ExitStack() as stack:
+                if store == "sqlite":
+                    db_url = f"sqlite:///{work / 'tail.db'}"
+                else:
+                    (db_url,) = stack.enter_context(postgres_schemas(1))
                 with GatewayProcess(
                     [f"http://127.0.0.1:{upstream_port}"], db_url, log_path=work / f"gateway-{store}.log"
                 ) as gw:
                     samples = asyncio.run(timed_calls(gw.port, args.calls))
-                report(store, samples)
-            finally:
-                if admin is not None:
-                    with admin.begin() as conn:
-                        conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
-                    admin.dispose()
+            report(store, samples)
     finally:
         upstream.stop()
     return 0

@@ -22,6 +22,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import fake_vllm
@@ -144,6 +145,23 @@ def stored_bytes_per_turn(db_url: str) -> float:
     return blob / max(turns, 1)
 
 
+@contextmanager
+def postgres_schemas(count: int) -> Iterator[list[str]]:
+    """URLs of `count` fresh schemas of the benchmark's PostgreSQL database, dropped afterwards."""
+    schemas = [f"gw_bench_{uuid.uuid4().hex[:8]}" for _ in range(count)]
+    admin = make_engine(POSTGRES_URL)
+    with admin.begin() as conn:
+        for schema in schemas:
+            conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+    try:
+        yield [f"{POSTGRES_URL}?options=-csearch_path%3D{schema}" for schema in schemas]
+    finally:
+        with admin.begin() as conn:
+            for schema in schemas:
+                conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -170,19 +188,13 @@ def main() -> int:
             f"{'':>10} {'':>9}"
         )
         stores = {"gateway, SQLite": (f"sqlite:///{work / 'bench.db'}", [])}
-        schemas = [f"gw_bench_{uuid.uuid4().hex[:8]}" for _ in range(2 if args.workers > 1 else 1)]
-        admin = make_engine(POSTGRES_URL)
-        with admin.begin() as conn:
-            for schema in schemas:
-                conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-        urls = [f"{POSTGRES_URL}?options=-csearch_path%3D{schema}" for schema in schemas]
-        stores["gateway, PostgreSQL"] = (urls[0], [])
-        if args.workers > 1:
-            stores[f"gateway, PostgreSQL, {args.workers} workers"] = (
-                urls[1],
-                ["--workers", str(args.workers)],
-            )
-        try:
+        with postgres_schemas(2 if args.workers > 1 else 1) as urls:
+            stores["gateway, PostgreSQL"] = (urls[0], [])
+            if args.workers > 1:
+                stores[f"gateway, PostgreSQL, {args.workers} workers"] = (
+                    urls[1],
+                    ["--workers", str(args.workers)],
+                )
             for name, (db_url, extra) in stores.items():
                 with GatewayProcess(
                     [f"http://127.0.0.1:{upstream_port}"],
@@ -196,11 +208,6 @@ def main() -> int:
                     f"{rate / floor_rate:>8.1%}   "
                     f"({stored_bytes_per_turn(db_url) / 1024:.1f} KB of ids per turn)"
                 )
-        finally:
-            with admin.begin() as conn:
-                for schema in schemas:
-                    conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
-            admin.dispose()
     finally:
         upstream.stop()
     return 0

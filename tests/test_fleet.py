@@ -23,7 +23,7 @@ from gateway.demo.launcher import GatewayProcess
 from gateway.demo.vllm_server import VLLMServer
 from gateway.fleet.routing import share_bound
 
-from support import admin, stored_rollout
+from support import admin, stored_rollout, wait_for
 
 HEALTH = ("--health-interval", "0.5")
 
@@ -65,16 +65,34 @@ def state_of(gateway: GatewayProcess) -> dict[str, dict[str, Any]]:
     return {backend["url"]: backend for backend in admin(gateway, "/state").json()["backends"]}
 
 
+def call_turn_by_turn(
+    gateways: list[GatewayProcess], rollouts: list[str], *, turns: int, tokens: int
+) -> None:
+    """Every rollout's agent calls `turns` times, each turn through the next gateway: every first call at the
+    same moment, then every second one, and so on."""
+
+    async def agent(index: int, rollout_id: str) -> None:
+        for turn in range(turns):
+            gateway = gateways[(index + turn) % len(gateways)]
+            client = openai.AsyncOpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0)
+            messages = [{"role": "user", "content": f"{rollout_id} {turn}"}]
+            await client.chat.completions.create(model="tiny", messages=messages, max_tokens=tokens)
+
+    async def everyone() -> None:
+        await asyncio.gather(*(agent(i, rollout_id) for i, rollout_id in enumerate(rollouts)))
+
+    asyncio.run(everyone())
+
+
 def every_call_in_flight(gateway: GatewayProcess, servers: list[VLLMServer], calls: int) -> None:
     """Wait until `calls` calls are in flight on `servers`, each of them busy (a loaded machine may take
     seconds to get the first calls of a group out)."""
-    deadline = time.monotonic() + 60
-    while True:
+
+    def in_flight() -> bool:
         loads = [state_of(gateway)[server.url]["in_flight"] for server in servers]
-        if sum(loads) == calls and all(loads):
-            return
-        assert time.monotonic() < deadline, loads
-        time.sleep(0.05)
+        return sum(loads) == calls and all(loads)
+
+    wait_for(in_flight)
 
 
 def wait_until_models_known(gateway: GatewayProcess, count: int) -> None:
@@ -164,17 +182,7 @@ def test_two_replicas_on_postgresql_route_each_rollout_to_one_server(fleet, star
     replicas = [start_gateway(db_url, *HEALTH, backends=[tiny_a.url, tiny_b.url]) for _ in range(2)]
     rollouts = [f"replicated-{i}" for i in range(6)]
 
-    async def agent(rollout_id: str, index: int) -> None:
-        for turn in range(4):  # each call to the other replica, first calls at the same moment
-            replica = replicas[(index + turn) % 2]
-            client = openai.AsyncOpenAI(base_url=replica.agent_url(rollout_id), api_key="-", max_retries=0)
-            messages = [{"role": "user", "content": f"{rollout_id} {turn}"}]
-            await client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
-
-    async def everyone() -> None:
-        await asyncio.gather(*(agent(rollout_id, i) for i, rollout_id in enumerate(rollouts)))
-
-    asyncio.run(everyone())
+    call_turn_by_turn(replicas, rollouts, turns=4, tokens=4)
 
     placed = [set(backends_of(replicas[0], rollout_id)) for rollout_id in rollouts]
     assert [len(servers) for servers in placed] == [1] * 6
@@ -193,17 +201,7 @@ def test_a_group_started_at_once_spreads_over_the_fleet_within_the_bound(
     gateways = [start_gateway(db_url, backends=servers) for _ in range(count)]
     rollouts = [f"group-{uuid.uuid4().hex[:8]}" for _ in range(64)]
 
-    async def agent(index: int, rollout_id: str) -> None:
-        for turn in range(2):  # every first call at the same moment, then every second one
-            gateway = gateways[(index + turn) % count]
-            client = openai.AsyncOpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0)
-            messages = [{"role": "user", "content": f"{rollout_id} {turn}"}]
-            await client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
-
-    async def group() -> None:
-        await asyncio.gather(*(agent(i, rollout_id) for i, rollout_id in enumerate(rollouts)))
-
-    asyncio.run(group())
+    call_turn_by_turn(gateways, rollouts, turns=2, tokens=2)
 
     placed = [set(backends_of(gateways[0], rollout_id)) for rollout_id in rollouts]
     assert [len(servers) for servers in placed] == [1] * 64  # every turn of a rollout on one server
