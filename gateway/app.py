@@ -2,29 +2,34 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
 
 from gateway import __version__
+from gateway.access_log import AccessLog
 from gateway.admin.router import router as admin_router
 from gateway.admin.traffic import Traffic
 from gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
 from gateway.anthropic.router import router as anthropic_router
-from gateway.backend import BackendPool
 from gateway.control.router import health_router
 from gateway.control.router import router as control_router
 from gateway.encoding import JsonResponse
 from gateway.errors import install_error_handlers
 from gateway.fleet.discovery import BackendFile
+from gateway.fleet.pool import BackendPool
 from gateway.metrics import Metrics
-from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionTokensRequest,
+    CompletionRequest,
+    TokenRouteRequest,
+)
 from gateway.openai.router import router as openai_router
+from gateway.openai.router import tokens_router
 from gateway.openapi import install_docs, install_openapi
 from gateway.responses.protocol import ResponsesRequest
 from gateway.responses.router import router as responses_router
@@ -35,11 +40,10 @@ from gateway.store.records import Limits
 from gateway.store.status import Mode
 from gateway.store.store import Store
 from gateway.turns.context import TurnContext
+from gateway.turns.local_render import LocalRenders
 from gateway.turns.recording import Recorder
 from gateway.ui.router import router as ui_router
 from gateway.ui.tokens import TokenTexts
-from gateway.workers.join import join_workers
-from gateway.workers.peers import Peers
 
 log = logging.getLogger(__name__)
 
@@ -49,27 +53,21 @@ def create_app(
     *,
     store: Store | None = None,
     backends: BackendPool | None = None,
-    peers_dir: Path | None = None,
 ) -> FastAPI:
     """The gateway's app. It builds its store and backends from `settings` at start-up unless given them
-    (then it leaves them open at shutdown: whoever made them closes them). With `peers_dir` it is one of the
-    gateway's worker processes (`gateway.workers`), which find each other there."""
+    (then it leaves them open at shutdown: whoever made them closes them). On PostgreSQL it is one process of
+    a gateway that may have many, on this host and others (`gateway.fleet.sync`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_store, own_backends = store is None, backends is None
         if store is None:
             ensure_schema(settings.db)
-        peers = Peers(peers_dir) if peers_dir is not None else None
         app.state.gateway = state = gateway_state(
-            settings, store or Store(settings.db), backends or backend_pool(settings), peers
+            settings, store or Store(settings.db), backends or backend_pool(settings)
         )
         if own_backends:
-            state.backends.pin_store = state.store.pin
-            discovery = BackendFile(settings.backend_file) if settings.backend_file else None
-            monitor = asyncio.create_task(
-                state.backends.monitor(settings.health_interval, discovery.changed if discovery else None)
-            )
+            state.backends.placement.pin_store = state.store.pin
         for url in state.backends.urls:
             capable = await state.backends.probe_scale_out(url)
             if capable is None:
@@ -87,8 +85,8 @@ def create_app(
             ", ".join(state.backends.urls),
         )
         warn_if_exposed(settings)
-        if peers is not None:
-            listening = await join_workers(state, peers)
+        await state.turns.local_render.build(settings.local_render)
+        await state.fleet.start(watch=own_backends)
         # What start-up built (modules, routes, models, pools) lives as long as the app: kept out of the
         # collector's sight, a full collection scans only what calls made since, and holds up the calls in
         # flight for a few milliseconds instead of a hundred.
@@ -97,11 +95,8 @@ def create_app(
             yield
         finally:
             gc.unfreeze()
-            if peers is not None:
-                await listening.cleanup()
-                await peers.close()
+            await state.fleet.close()
             if own_backends:
-                monitor.cancel()
                 await state.backends.close()
             if own_store:
                 state.store.close()
@@ -117,6 +112,7 @@ def create_app(
     )
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(tokens_router)
     app.include_router(anthropic_router)
     app.include_router(responses_router)
     app.include_router(control_router)
@@ -125,9 +121,19 @@ def create_app(
     app.include_router(ui_router)
     install_openapi(
         app,
-        [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest, ResponsesRequest],
+        [
+            ChatCompletionRequest,
+            ChatCompletionTokensRequest,
+            CompletionRequest,
+            TokenRouteRequest,
+            MessagesRequest,
+            CountTokensRequest,
+            ResponsesRequest,
+        ],
     )
     install_docs(app)
+    if settings.access_log:
+        app.add_middleware(AccessLog)
     return app
 
 
@@ -142,9 +148,7 @@ def backend_pool(settings: Settings) -> BackendPool:
     )
 
 
-def gateway_state(
-    settings: Settings, store: Store, backends: BackendPool, peers: Peers | None = None
-) -> GatewayState:
+def gateway_state(settings: Settings, store: Store, backends: BackendPool) -> GatewayState:
     metrics, traffic = Metrics(), Traffic(settings.pause_timeout)
     metrics.watch(lambda: list(backends.servers.values()))
     recorder = Recorder(store, metrics, settings.policy_version)
@@ -158,10 +162,9 @@ def gateway_state(
         rollout_keys=settings.rollout_keys,
         require_registered=settings.require_registered_rollouts,
         max_body_bytes=settings.max_body_bytes,
+        local_render=LocalRenders(),
     )
-    return GatewayState(
-        settings, store, backends, metrics, traffic, recorder, turns, TokenTexts(backends), peers
-    )
+    return GatewayState(settings, store, backends, metrics, traffic, recorder, turns, TokenTexts(backends))
 
 
 def warn_if_exposed(settings: Settings) -> None:

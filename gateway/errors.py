@@ -12,11 +12,12 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from gateway.backend import BackendFailure
 from gateway.encoding import dumps
+from gateway.fleet.replies import BackendFailure
 from gateway.store.records import StoreError
 
 log = logging.getLogger(__name__)
@@ -136,9 +137,12 @@ def error_body(
 
 def retry_headers(status_code: int) -> dict[str, str] | None:
     """Tell the OpenAI and Anthropic SDKs not to retry an answer a retry cannot change (they retry 409 and
-    every 5xx by default, and honour `x-should-retry`)."""
+    every 5xx by default, and honour `x-should-retry`), and to retry a 503: the gateway is briefly unable to
+    serve (no backend, no store) and will be again."""
     if 400 <= status_code < 500 and status_code not in (408, 429):
         return {"x-should-retry": "false"}
+    if status_code == 503:
+        return {"x-should-retry": "true"}
     return None
 
 
@@ -182,8 +186,9 @@ def _location(loc: Iterable[Any]) -> str:
 
 
 _ROUTES_HELP = (
-    "agent API under /rollouts/{rollout_id}/v1: POST chat/completions, POST completions, POST messages, "
-    "POST messages/count_tokens, POST responses, GET responses/{id}, GET models; "
+    "agent API under /rollouts/{rollout_id}/v1: POST chat/completions, POST chat/completions/tokens, POST "
+    "completions, POST messages, POST messages/count_tokens, POST responses, GET responses/{id}, GET models; "
+    "token routes: POST /rollouts/{rollout_id}/tokenize, /rollouts/{rollout_id}/detokenize; "
     "control API: POST /rollouts, POST /rollouts/{id}/reward, POST /rollouts/{id}/finish, "
     "GET /rollouts/{id}; "
     "admin API: /admin/pause, /admin/resume, /admin/policy_version, /admin/reload_weights, /admin/backends, "
@@ -225,6 +230,11 @@ def install_error_handlers(app: FastAPI) -> None:
                 405, f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
             )
         return error_response(exc.status_code, str(exc.detail), "http_error")
+
+    @app.exception_handler(OperationalError)
+    async def _store_unreachable(_: Request, exc: OperationalError) -> Response:
+        log.warning("the store could not be reached: %s", exc.orig)
+        return error_response(503, "the gateway cannot reach its store; retry shortly", "store_unavailable")
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:

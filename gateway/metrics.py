@@ -88,7 +88,7 @@ class FleetCollector(Collector):
             "gateway_backend_in_flight", "Calls in progress on the server.", labels=label
         )
         pinned = GaugeMetricFamily(
-            "gateway_backend_pinned_rollouts", "Rollouts this gateway pinned to the server.", labels=label
+            "gateway_backend_pinned_rollouts", "Running rollouts pinned to the server.", labels=label
         )
         requests = CounterMetricFamily("gateway_backend_requests", "Calls sent to the server.", labels=label)
         errors = CounterMetricFamily(
@@ -126,9 +126,11 @@ Samples = dict[str, list[tuple[str, dict[str, str], float]]]
 _FLEET_FACTS = (
     "gateway_backend_healthy",
     "gateway_backend_draining",
+    "gateway_backend_pinned_rollouts",
     "gateway_backend_prefix_cache_hit_rate",
 )
-"""Gauges every worker process holds alike: taken from one, not added up."""
+"""Gauges every gateway process holds alike (rollouts pinned are the store's count): taken from one, not added
+up."""
 
 
 def samples(registry: CollectorRegistry) -> Samples:
@@ -138,7 +140,7 @@ def samples(registry: CollectorRegistry) -> Samples:
 
 
 def exposition_with(registry: CollectorRegistry, others: list[Samples]) -> bytes:
-    """This process's metrics in Prometheus text with the other worker processes' added: counts, sums, calls
+    """This process's metrics in Prometheus text with the other gateway processes' added: counts, sums, calls
     in flight and pinned rollouts add up; fleet facts and creation times are this process's."""
     families = []
     for family in registry.collect():

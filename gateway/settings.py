@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from typing import Annotated
 
@@ -46,6 +47,15 @@ class Settings(BaseSettings):
         description="exact: splice each turn's prompt onto the exact ids of the turn it extends (needs "
         "vLLM's --enable-scale-out); passthrough: let vLLM render every prompt. Rollouts can override it.",
     )
+    local_render: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="Exact mode renders prompts in the gateway with vLLM's own renderer, built from the "
+        "arguments the backend got from `vllm serve` (the model, then those that shape a render: "
+        "--served-model-name, --chat-template, tool and reasoning parsers); one flag per model (the "
+        "variable: ';' between models). Saves a round trip and vLLM's JSON of the prompt's ids; needs vLLM "
+        "installed here and the model's tokenizer files. A model's first turn is rendered by both; the "
+        "backend keeps rendering if they differ.",
+    )
     policy_version: str = Field(default="0", description="Policy (weights) version stamped on new turns.")
     control_token: SecretStr | None = Field(
         default=None,
@@ -88,11 +98,29 @@ class Settings(BaseSettings):
         default=None, description="Base URL agents reach the gateway at; defaults to the request's own."
     )
     log_level: str = "info"
+    access_log: bool = Field(
+        default=True,
+        description="Log one info line per HTTP call (gateway.access): method, path, status, latency to the "
+        "last byte, rollout.",
+    )
     workers: int = Field(
         default=1,
         ge=1,
         description="Gateway processes sharing the port (PostgreSQL only): more throughput on more cores; "
-        "admin calls reach every process, /metrics and GET /admin/state add up their counts.",
+        "like replicas on other hosts, they share the fleet's state through the store.",
+    )
+    heartbeat_interval: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds between a process's heartbeats in the store (PostgreSQL): each also picks up "
+        "a fleet change whose notification it missed.",
+    )
+    process_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds without a heartbeat after which a gateway process is taken for dead "
+        "(PostgreSQL): admin changes and pauses stop waiting for it. A process that cannot reach the store "
+        "for half this time answers agent calls 503 until it can.",
     )
 
     @field_validator("db")
@@ -107,6 +135,16 @@ class Settings(BaseSettings):
         if value > 1 and db is not None and is_sqlite(db):
             raise ValueError(
                 "several workers need a PostgreSQL store (--db postgresql://...): SQLite takes one writer"
+            )
+        return value
+
+    @field_validator("heartbeat_interval", "process_timeout")
+    @classmethod
+    def _processes_share_postgresql(cls, value: float, info: ValidationInfo) -> float:
+        db, default = info.data.get("db"), cls.model_fields[str(info.field_name)].default
+        if value != default and db is not None and is_sqlite(db):
+            raise ValueError(
+                "for gateway processes sharing a PostgreSQL store; a SQLite store has one process"
             )
         return value
 
@@ -126,6 +164,23 @@ class Settings(BaseSettings):
                 return json.loads(value)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"not a JSON object: {exc}") from None
+        return value
+
+    @field_validator("local_render", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(";") if part.strip()]
+        return value
+
+    @field_validator("local_render")
+    @classmethod
+    def _vllm_here(cls, value: list[str]) -> list[str]:
+        if value and importlib.util.find_spec("vllm") is None:
+            raise ValueError(
+                "vLLM's renderer runs in the gateway's process: install vLLM beside the gateway (the "
+                "backend's version; rl-gateway[engine] on CPU)"
+            )
         return value
 
     @field_validator("backend", mode="before")

@@ -3,19 +3,19 @@ path gets only its `TurnContext`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
 from gateway.admin.traffic import Traffic
-from gateway.backend import BackendPool
+from gateway.fleet.pool import BackendPool
+from gateway.fleet.sync import FleetSync
 from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.store import Store
 from gateway.turns.context import TurnContext
 from gateway.turns.recording import Recorder
 from gateway.ui.tokens import TokenTexts
-from gateway.workers.peers import Peers
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,11 @@ class GatewayState:
     turns: TurnContext
     token_texts: TokenTexts
     """The viewer's texts of token ids, per model."""
-    peers: Peers | None = None
-    """The gateway's other worker processes (`--workers`), if it has several."""
+    fleet: FleetSync = field(init=False)
+    """The fleet's state as every process of the gateway holds it."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fleet", FleetSync(self))
 
 
 async def get_state(request: Request) -> GatewayState:

@@ -41,6 +41,8 @@ _REAL_COMPONENTS = {
     "long_model_dir",
     "long_vllm",
     "long_gateway",
+    "teacher_vllm",
+    "student_vllm",
 }
 
 
@@ -50,6 +52,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _REAL_COMPONENTS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep each phase's report on the item, so that a fixture can tell at teardown that its test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -116,8 +126,8 @@ class Databases:
         return f"{POSTGRES_URL}?options=-csearch_path%3D{name}"
 
     def close(self) -> None:
-        with self.admin.begin() as conn:
-            for name in self.schemas:
+        for name in self.schemas:  # one transaction each: a schema's drop locks every table it holds
+            with self.admin.begin() as conn:
                 conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {name} CASCADE"))
         self.admin.dispose()
 
@@ -159,8 +169,9 @@ def long_gateway(
 
 
 @pytest.fixture
-def start_gateway(vllm: VLLMServer, work_dir: Path) -> Iterator[Any]:
-    """Start extra gateways (other flags, other backends); all are stopped after the test."""
+def start_gateway(vllm: VLLMServer, work_dir: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Start extra gateways (other flags, other backends); all are stopped after the test, and the end of
+    each one's log is printed if the test failed."""
     started: list[GatewayProcess] = []
 
     def start(db_url: str, *extra_args: str, backends: list[str] | None = None) -> GatewayProcess:
@@ -176,6 +187,11 @@ def start_gateway(vllm: VLLMServer, work_dir: Path) -> Iterator[Any]:
     yield start
     for gw in started:
         gw.stop()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        for gw in started:
+            tail = gw.log_path.read_text(errors="replace").splitlines()[-40:]
+            print(f"--- the end of {gw.log_path.name} ---", *tail, sep="\n")
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ from typing import Any
 
 import orjson
 
-from gateway.backend import BackendFailure, BackendStreamError, Routed
+from gateway.fleet.replies import BackendFailure, BackendStreamError, Routed
 from gateway.fleet.servers import Server
+from gateway.fleet.weights import FleetWeights
 
 URL = "http://fake-engine"
 
@@ -54,6 +55,8 @@ class FakeEngine:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.detokenize_failure: BackendFailure | None = None
         self._replies: defaultdict[str, deque[FakeReply | BackendFailure]] = defaultdict(deque)
+        self.weights = FleetWeights()
+        self.ejected: Any = None
 
     def answer(self, path: str, reply: FakeReply | BackendFailure) -> None:
         self._replies[path].append(reply)
@@ -74,11 +77,11 @@ class FakeEngine:
     async def call_all(self, path: str, **_: Any) -> None:
         self.requests.append((path, {}))
 
-    async def reload_weights(self) -> None:
-        await self.call_all("/collective_rpc", json={"method": "reload_weights"})
+    def add(self, url: str) -> Server:
+        return self.servers.setdefault(url, Server(url))
 
-    async def set_weight_version(self, version: str) -> None:
-        await self.call_all("/update_weight_version", json={"new_version": version})
+    def remove(self, url: str) -> None:
+        self.servers.pop(url, None)
 
     def forget(self, rollout_id: str) -> None:
         pass

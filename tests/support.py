@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from gateway.demo.vllm_server import VLLMServer
 
@@ -47,6 +49,7 @@ def stored_rollout(gateway: Any, rollout_id: str, token: str | None = None) -> d
         f"{gateway.url}/rollouts/{rollout_id}",
         params={"include_tokens": "true", "include_messages": "true"},
         headers={"authorization": f"Bearer {token}"} if token else None,
+        timeout=60,  # a loaded machine (an engine generating) has taken seconds
     )
     assert response.status_code == 200, response.text
     return response.json()
@@ -175,3 +178,80 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def on_store(kind: str) -> pytest.MarkDecorator:
+    """A module's `pytestmark` for behaviour that does not depend on the store: its tests run on `kind` alone
+    (the store's own behaviour is tested on both)."""
+    return pytest.mark.parametrize("db_kind", [kind], indirect=True, scope="session")
+
+
+def carries_something(chunk: dict[str, Any]) -> bool:
+    return not chunk["choices"] or any(c["delta"] or c["finish_reason"] for c in chunk["choices"])
+
+
+def coalesced(chunks: list[dict[str, Any]], *, call_text: bool = True) -> list[dict[str, Any]]:
+    """The chunks with each run of one kind of text (content, reasoning, one tool call) joined into one, and
+    a finish chunk's text moved into the run before it. vLLM sends a chunk per engine step, and a step brings
+    several tokens when the stream's reader lags, so where a run breaks depends on timing. Without
+    `call_text`, tool calls' text is left out: vLLM's Mistral parser writes a call's arguments differently as
+    a step brings one token or several (seen: a leading ': ')."""
+    joined: list[dict[str, Any]] = []
+    for piece in (piece for chunk in chunks for piece in _finish_apart(chunk)):
+        kind = _text_kind(piece)
+        if kind is not None and joined and _text_kind(joined[-1]) == kind:
+            _join(joined[-1]["choices"][0]["delta"], piece["choices"][0]["delta"])
+        else:
+            joined.append(piece)
+    if not call_text:
+        for chunk in joined:
+            for choice in chunk["choices"]:
+                for call in (choice.get("delta") or {}).get("tool_calls") or ():
+                    call["function"] = dict.fromkeys(call.get("function") or {}, "-")
+    return joined
+
+
+def _finish_apart(chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    """A copy of the chunk; a finish chunk with text as two: the text, then the finish with an empty delta."""
+    chunk = json.loads(json.dumps(chunk))
+    if (
+        len(chunk["choices"]) != 1
+        or not chunk["choices"][0]["finish_reason"]
+        or not chunk["choices"][0]["delta"]
+    ):
+        return [chunk]
+    text, finish = chunk, json.loads(json.dumps(chunk))
+    text["choices"][0]["finish_reason"] = None
+    finish["choices"][0]["delta"] = {}
+    return [text, finish]
+
+
+def _text_kind(chunk: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What a chunk writes if it is one piece of text and nothing else, else None."""
+    if len(chunk["choices"]) != 1:
+        return None
+    choice = chunk["choices"][0]
+    delta = choice["delta"]
+    if choice["finish_reason"] or choice.get("logprobs") or len(delta) != 1:
+        return None
+    ((key, value),) = delta.items()
+    if key in ("content", "reasoning") and isinstance(value, str):
+        return (key,)
+    if key == "tool_calls" and len(value) == 1:
+        return (key, value[0]["index"])
+    return None
+
+
+def _join(into: dict[str, Any], delta: dict[str, Any]) -> None:
+    if "tool_calls" not in into:
+        ((key, text),) = delta.items()
+        into[key] += text
+        return
+    (call,), (piece,) = into["tool_calls"], delta["tool_calls"]
+    for key, value in piece.items():
+        if key == "function":
+            function = call.setdefault("function", {})
+            for name, text in (value or {}).items():
+                function[name] = (function.get(name) or "") + (text or "")
+        elif call.get(key) is None:
+            call[key] = value

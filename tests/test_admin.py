@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -118,13 +119,30 @@ def test_admin_api_requires_the_token_when_one_is_set(fresh):
 
     assert (refused.status_code, wrong.status_code, allowed.status_code) == (401, 401, 200)
     assert refused.json()["error"]["code"] == "unauthorized"
-    assert allowed.json() == {
+    state = allowed.json()
+    assert state == {
+        "epoch": state["epoch"],
         "paused": False,
+        "pause_mode": None,
+        "paused_by": None,
         "in_flight": 0,
         "waiting": 0,
         "policy_version": "0",
-        "backends": allowed.json()["backends"],
-        "workers": [{"pid": gateway.pid, "policy_version": "0", "in_flight": 0, "waiting": 0, "requests": 0}],
+        "backends": state["backends"],
+        "workers": [
+            {
+                "process_id": state["workers"][0]["process_id"],
+                "host": socket.gethostname(),
+                "pid": gateway.pid,
+                "port": int(gateway.url.rpartition(":")[2]),
+                "alive": True,
+                "heartbeat_age": 0.0,
+                "applied_epoch": state["epoch"],
+                "in_flight": 0,
+                "waiting": 0,
+                "requests": 0,
+            }
+        ],
     }
 
 

@@ -12,7 +12,9 @@ import pytest
 
 from trainer_client import SampleOptions, TrainerClient
 
-from support import stored_rollout
+from support import on_store, stored_rollout
+
+pytestmark = on_store("postgresql")
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 

@@ -54,6 +54,16 @@ def test_several_workers_on_sqlite_is_a_one_line_error(tmp_path):
     ]
 
 
+def test_heartbeats_on_sqlite_are_a_one_line_error(tmp_path):
+    serve = run("gateway", "serve", "--process-timeout", "3", "--db", f"sqlite:///{tmp_path}/gateway.db")
+
+    assert serve.returncode == 2
+    assert serve.stderr.splitlines() == [
+        "gateway serve: error: --process-timeout: for gateway processes sharing a PostgreSQL store; a SQLite "
+        "store has one process"
+    ]
+
+
 def store_with_groups(path: Path, groups: int) -> str:
     """A SQLite store with `groups` finished groups of two one-call rollouts, recorded by a gateway in
     process against a scripted engine."""

@@ -18,10 +18,13 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
-from support import LS_TMP_CALL, LS_TMP_REGEX, TOOLS, detokenize, stored_rollout, tokenize_chat
+from support import LS_TMP_CALL, LS_TMP_REGEX, TOOLS, detokenize, on_store, stored_rollout, tokenize_chat
 
 # LiteLLM touches pydantic attributes pydantic 2.11 deprecated; its warnings say nothing about the gateway.
-pytestmark = pytest.mark.filterwarnings("ignore:Accessing the 'model_:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Accessing the 'model_:DeprecationWarning"),
+    on_store("sqlite"),
+]
 
 FORCE_LS = {"structured_outputs": {"regex": LS_TMP_REGEX}}
 QUESTION = "What is in /tmp?"

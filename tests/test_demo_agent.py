@@ -10,7 +10,9 @@ import pytest
 
 from gateway.demo.agent import run_rollout
 
-from support import stored_rollout
+from support import on_store, stored_rollout
+
+pytestmark = on_store("sqlite")
 
 
 @pytest.fixture(scope="module")

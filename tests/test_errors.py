@@ -8,7 +8,9 @@ import pytest
 
 from gateway.demo.process import free_port
 
-from support import VLLM_HEADERS, assert_openai_error, stored_rollout
+from support import VLLM_HEADERS, assert_openai_error, on_store, stored_rollout
+
+pytestmark = on_store("postgresql")
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

@@ -23,7 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from support import VLLM_HEADERS, detokenize, stored_rollout, tokenize_chat
+from support import VLLM_HEADERS, detokenize, on_store, stored_rollout, tokenize_chat
+
+pytestmark = on_store("postgresql")
 
 BASH_CALL = '<tool_call>{"name": "Bash", "arguments": {"command": "cat answer.txt"}}</tool_call>'
 CLAUDE_CODE_SYSTEM_PROMPT = "You are a Claude agent, built on Anthropic's Claude Agent SDK."

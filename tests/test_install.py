@@ -149,10 +149,11 @@ class Environment:
 
 def install(root: Path, wheel: Path, extras: str, constraints: str) -> Environment:
     """`pip install WHEEL[EXTRAS] -c CONSTRAINTS` into a new environment (pip's cache reused: the test's own
-    pip installs into it, so it needs none of its own)."""
+    pip installs into it, so it needs none of its own); no extras: the wheel alone."""
     run(sys.executable, "-m", "venv", "--without-pip", root, cwd=root.parent)
     python = root / "bin" / "python"
-    pip_install = ["--python", python, "install", "--quiet", f"{wheel}[{extras}]", "-c", ROOT / constraints]
+    wanted = f"{wheel}[{extras}]" if extras else str(wheel)
+    pip_install = ["--python", python, "install", "--quiet", wanted, "-c", ROOT / constraints]
     run(sys.executable, "-m", "pip", *pip_install, cwd=root)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     return Environment(root, root / "lib" / version / "site-packages")
@@ -162,19 +163,20 @@ def install(root: Path, wheel: Path, extras: str, constraints: str) -> Environme
 def installs(
     built: Built, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Future[Environment]]]:
-    """Both installs at once, in the background: the trainer's (torch) goes on while vLLM starts.
+    """The installs at once, in the background: the trainer's (torch) goes on while vLLM starts.
 
     The image's: its Dockerfile's extras and constraints. A trainer's: `trainer-client` needs the trainer
-    extra (the package loads torch). Both are removed afterwards (torch takes 1.5 GB)."""
-    image, trainer = (tmp_path_factory.mktemp(name) / "venv" for name in ("image", "trainer"))
+    extra (the package loads torch). A plain one: the wheel alone, the embedded default on SQLite. All are
+    removed afterwards (torch takes 1.5 GB)."""
+    image, trainer, plain = (tmp_path_factory.mktemp(name) / "venv" for name in ("image", "trainer", "plain"))
+    constraints = "requirements/constraints.txt"
     with ThreadPoolExecutor() as pool:
         yield {
             "image": pool.submit(install, image, built.wheel, *image_install()),
-            "trainer": pool.submit(
-                install, trainer, built.wheel, "postgres,trainer", "requirements/constraints.txt"
-            ),
+            "trainer": pool.submit(install, trainer, built.wheel, "postgres,trainer", constraints),
+            "plain": pool.submit(install, plain, built.wheel, "", constraints),
         }
-    for root in (image, trainer):
+    for root in (image, trainer, plain):
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -186,6 +188,30 @@ def image_env(installs: dict[str, Future[Environment]]) -> Environment:
 @pytest.fixture(scope="module")
 def trainer_env(installs: dict[str, Future[Environment]]) -> Environment:
     return installs["trainer"].result()
+
+
+def test_the_plain_install_without_extras_records_an_agent_call_on_sqlite(installs, vllm, tmp_path):
+    plain = installs["plain"].result()
+    missing = plain.run("python", "-c", "import importlib.util as u; print(u.find_spec('psycopg'))").stdout
+    db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+
+    def make(port: int) -> ManagedProcess:
+        command = [str(plain.root / "bin" / "gateway"), "serve", "--db", db_url, "--port", str(port)]
+        command += ["--backend", vllm.url, "--backend-api-key", VLLM_KEY]
+        return ManagedProcess(command, log_path=tmp_path / "gateway.log", env=OUTSIDE, name="gateway")
+
+    process, port = start_until_ready(make, "/healthz", host="127.0.0.1", port=None, timeout=60)
+    try:
+        agent = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/rollouts/plain/v1", api_key="-", max_retries=0
+        )
+        agent.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4)
+        stored = httpx.get(f"http://127.0.0.1:{port}/rollouts/plain", timeout=30).json()
+    finally:
+        process.stop()
+
+    assert missing == "None\n"  # PostgreSQL's driver is the postgres extra's
+    assert [turn["status"] for turn in stored["turns"]] == ["ok"]
 
 
 def test_the_image_install_imports_the_installed_wheel_not_the_checkout_and_no_torch(built, image_env):
@@ -202,6 +228,23 @@ def test_the_image_install_imports_the_installed_wheel_not_the_checkout_and_no_t
         "url": built.wheel.as_uri(),
     }
     assert torch == "None"
+
+
+def test_local_render_without_vllm_installed_is_a_one_line_error(image_env):
+    serve = subprocess.run(
+        [image_env.root / "bin" / "gateway", "serve", "--mode", "exact", "--local-render", "/models/tiny"],
+        cwd=image_env.root,
+        env=OUTSIDE,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert serve.returncode == 2
+    assert serve.stderr.splitlines() == [
+        "gateway serve: error: --local-render: vLLM's renderer runs in the gateway's process: install vLLM "
+        "beside the gateway (the backend's version; rl-gateway[engine] on CPU)"
+    ]
 
 
 @dataclass(frozen=True)
@@ -266,9 +309,10 @@ def test_db_upgrade_of_the_image_install_brings_a_new_database_to_the_checkouts_
 
 
 def test_the_image_install_serves_with_as_many_gateway_processes_as_asked(served):
-    wait_for(
-        lambda: len(httpx.get(f"{served.url}/admin/state", timeout=30).json()["workers"]) == served.workers
-    )
+    def alive() -> int:
+        return sum(w["alive"] for w in httpx.get(f"{served.url}/admin/state", timeout=30).json()["workers"])
+
+    wait_for(lambda: alive() == served.workers)
 
 
 def test_the_image_install_records_an_openai_agent_call_with_its_token_ids(served, vllm):

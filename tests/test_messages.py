@@ -9,7 +9,9 @@ import anthropic
 import httpx
 import pytest
 
-from support import LS_TMP_REGEX, detokenize, stored_rollout, tokenize_chat
+from support import LS_TMP_REGEX, detokenize, on_store, stored_rollout, tokenize_chat
+
+pytestmark = on_store("sqlite")
 
 TOOL = {
     "name": "ls",

@@ -13,7 +13,9 @@ import httpx
 import openai
 import pytest
 
-from support import LS_TMP_REGEX, TOOLS, detokenize, stored_rollout, tokenize_chat
+from support import LS_TMP_REGEX, TOOLS, detokenize, on_store, stored_rollout, tokenize_chat
+
+pytestmark = on_store("postgresql")
 
 TOOL = {"type": "function", "name": "ls", **{k: v for k, v in TOOLS[0]["function"].items() if k != "name"}}
 

@@ -10,7 +10,9 @@ import openai
 
 from trainer_client import TrainerClient
 
-from support import admin, stored_rollout, wait_for
+from support import admin, on_store, stored_rollout, wait_for
+
+pytestmark = on_store("sqlite")
 
 # min_tokens: a reply that ends at once would be empty text, which the store keeps as null content.
 CHAT = {
@@ -25,7 +27,8 @@ def test_sdk_retry_of_a_timed_out_call_repeats_it_and_is_trained_once(start_gate
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url)
     rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=1, timeout=3.0)
+    # The timeout is each attempt's: the retry must be answered within it once the gateway resumes.
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=1, timeout=8.0)
     replies: list = []
 
     admin(gateway, "/pause", json={"mode": "wait"}).raise_for_status()  # nothing is answered until resume

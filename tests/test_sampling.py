@@ -10,7 +10,9 @@ import httpx
 import openai
 import pytest
 
-from support import stored_rollout, streamed_reply
+from support import on_store, stored_rollout, streamed_reply
+
+pytestmark = on_store("postgresql")
 
 SAMPLING = {"temperature": 0.0, "max_tokens": 5, "structured_outputs": {"regex": "[ab]{40}"}}
 

@@ -14,10 +14,13 @@ from support import (
     LS_TMP_REGEX,
     TOOLS,
     detokenize,
+    on_store,
     stored_rollout,
     streamed_reply,
     tokenize_chat,
 )
+
+pytestmark = on_store("postgresql")
 
 FORCE_LS = {"structured_outputs": {"regex": LS_TMP_REGEX}}
 

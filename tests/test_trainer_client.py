@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 
 from trainer_client import SampleOptions, TrainerClient
 
-from support import run_rollout, stored_rollout
+from support import admin, run_rollout, stored_rollout
 
 
 @pytest.fixture
@@ -143,10 +144,10 @@ def test_rollouts_with_error_turns_are_excluded_or_kept_masked(store):
 
 def test_stale_rollouts_are_skipped_and_counted(start_gateway, databases, db_kind):
     db_url = databases.new(db_kind)
-    old = start_gateway(db_url, "--policy-version", "1")
-    new = start_gateway(db_url, "--policy-version", "4")
-    stale = run_rollout(old, "g", reward=1.0, turns=1)
-    fresh = run_rollout(new, "g", reward=0.0, turns=1)
+    gateway = start_gateway(db_url, "--policy-version", "1")
+    stale = run_rollout(gateway, "g", reward=1.0, turns=1)
+    admin(gateway, "/policy_version", json={"version": "4"}).raise_for_status()
+    fresh = run_rollout(gateway, "g", reward=0.0, turns=1)
 
     with TrainerClient(db_url) as client:
         batch = client.claim("t", 0, SampleOptions(current_version=5, max_staleness=2))
@@ -154,7 +155,7 @@ def test_stale_rollouts_are_skipped_and_counted(start_gateway, databases, db_kin
     assert [s.rollout_id for s in batch.samples] == [fresh]
     assert batch.samples[0].policy_version == "4"
     assert batch.counts["skipped_stale"] == 1
-    assert stored_rollout(old, stale)["skip_reason"] == "stale"
+    assert stored_rollout(gateway, stale)["skip_reason"] == "stale"
 
 
 def test_release_makes_claimed_rollouts_claimable_again(store):
@@ -400,6 +401,100 @@ def test_export_merged_writes_one_line_per_chain(store, vllm, tmp_path):
     assert len(line["logprobs"]) == len(line["input_ids"]) == len(line["loss_mask"])
 
 
+def export_hf(db_url: str, output: Any, *more: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "trainer_client.cli", "export", "--db", db_url, "--format", "hf"]
+    return subprocess.run([*command, "-o", str(output), *more], capture_output=True, text=True)
+
+
+def test_export_hf_is_a_dataset_whose_rows_are_the_stored_turns_id_for_id(store, tmp_path):
+    from datasets import load_from_disk
+
+    gateway, client, db_url = store
+    rollouts = [run_rollout(gateway, "g", reward=r, turns=3) for r in (1.0, 0.0)]
+
+    exported = export_hf(db_url, tmp_path / "samples")
+    rows = load_from_disk(str(tmp_path / "samples")).to_list()
+    advantages = {s.rollout_id: s.advantage for s in client.read().samples}
+
+    assert (exported.returncode, exported.stderr.splitlines()[-1]) == (
+        0,
+        f"wrote 6 samples to {tmp_path}/samples",
+    )
+    assert [(r["rollout_id"], r["turn_index"], r["turn_indices"]) for r in rows] == [
+        (rollout, turn, [turn]) for rollout in rollouts for turn in range(3)
+    ]
+    for r in rows:
+        turn = stored_rollout(gateway, r["rollout_id"])["turns"][r["turn_index"]]
+        prompt, completion = turn["prompt_token_ids"], turn["completion_token_ids"]
+        assert (r["prompt_ids"], r["completion_ids"], r["input_ids"]) == (
+            prompt,
+            completion,
+            prompt + completion,
+        )
+        assert r["loss_mask"] == [0] * len(prompt) + [1] * len(completion)
+        stored_logprobs = np.array(turn["completion_logprobs"], dtype=np.float32).tolist()
+        assert r["logprobs"] == [0.0] * len(prompt) + stored_logprobs
+        assert (r["group_id"], r["policy_version"], r["finish_reason"]) == ("g", "0", "length")
+        assert (r["reward"], r["advantage"]) == (
+            1.0 if r["rollout_id"] == rollouts[0] else 0.0,
+            advantages[r["rollout_id"]],
+        )
+        assert (r["is_last_step"], r["masked"], r["reward_components"]) == (
+            r["turn_index"] == 2,
+            False,
+            "null",
+        )
+    assert stored_rollout(gateway, rollouts[0])["claimed_by"] is None  # claims nothing
+    assert len(client.claim("t", 0)) == 6
+
+
+def test_samples_dataset_hands_over_the_exported_rows_without_a_file(store, tmp_path):
+    from datasets import load_from_disk
+
+    from trainer_client.hf import samples_dataset
+
+    gateway, _client, db_url = store
+    run_rollout(gateway, "g", reward=1.0, turns=2)
+    export_hf(db_url, tmp_path / "samples")
+
+    dataset = samples_dataset(db_url)
+
+    assert dataset.to_list() == load_from_disk(str(tmp_path / "samples")).to_list()
+    assert dataset.features == load_from_disk(str(tmp_path / "samples")).features
+    assert len(dataset) == 2
+
+
+def test_export_hf_merged_splits_a_chain_at_its_first_sampled_token(store, vllm, tmp_path):
+    from datasets import load_from_disk
+
+    gateway, client, db_url = store
+    exact_completions_rollout(gateway, vllm, turns=2)
+
+    export_hf(db_url, tmp_path / "merged", "--merged")
+
+    (r,) = load_from_disk(str(tmp_path / "merged")).to_list()
+    (sample,) = client.read(SampleOptions(merged=True)).samples
+    first = int(np.flatnonzero(sample.loss_mask)[0])
+    assert (r["turn_index"], r["turn_indices"], r["input_ids"]) == (0, [0, 1], sample.input_ids.tolist())
+    assert (r["prompt_ids"], r["completion_ids"]) == (
+        sample.input_ids[:first].tolist(),
+        sample.input_ids[first:].tolist(),
+    )
+    assert (r["loss_mask"], r["logprobs"]) == (sample.loss_mask.tolist(), sample.token_logprobs.tolist())
+    assert sum(r["loss_mask"]) == 6
+
+
+def test_export_hf_to_standard_output_is_a_one_line_error(store):
+    _gateway, _client, db_url = store
+
+    refused = export_hf(db_url, "-")
+
+    assert (refused.returncode, refused.stderr.splitlines()) == (
+        2,
+        ["trainer-client: --format hf writes a directory: give it with -o DIR"],
+    )
+
+
 KILLED_TRAINER = """
 import sys
 import time
@@ -416,7 +511,7 @@ def test_a_killed_trainers_claims_return_after_its_lease(store):
     gateway, client, db_url = store
     rollouts = [run_rollout(gateway, "g", reward=r, turns=1) for r in (1.0, 0.0)]
     doomed = subprocess.Popen(
-        [sys.executable, "-c", KILLED_TRAINER, db_url, "2.0"],
+        [sys.executable, "-c", KILLED_TRAINER, db_url, "6.0"],  # (the survivor claims within it)
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -58,17 +58,18 @@ def query(db_url: str, sql: str) -> list[Any]:
         engine.dispose()
 
 
-admin = functools.partial(support.admin, timeout=120)  # pauses here drain hundreds of calls
+admin = functools.partial(support.admin, timeout=600)  # pauses here drain hundreds of calls (up to 600 s)
 
 
-def vllm_running(server: VLLMServer) -> int:
-    """Requests vLLM is generating for (its `vllm:num_requests_running` gauge)."""
-    metrics = httpx.get(server.url + "/metrics", timeout=30).text
-    return sum(
-        int(float(line.split()[-1]))
-        for line in metrics.splitlines()
-        if line.startswith("vllm:num_requests_running")
-    )
+async def answered_and_in_flight(http: httpx.AsyncClient) -> tuple[int, int]:
+    """Chat calls the gateway has answered 200 (its /metrics), and calls it has sent to its server and not yet
+    had answered (its /admin/state: vLLM's own /metrics can answer only once its running requests have ended,
+    too late to see them)."""
+    sample = 'gateway_requests_total{endpoint="chat",status="200"} '
+    lines = (await http.get("/metrics")).text.splitlines()
+    answered = sum(int(float(line.removeprefix(sample))) for line in lines if line.startswith(sample))
+    backends = (await http.get("/admin/state")).json()["backends"]
+    return answered, sum(backend["in_flight"] for backend in backends)
 
 
 def test_async_grpo_through_the_gateway_raises_mean_reward(policy_vllm, start_gateway, databases, work_dir):
@@ -199,7 +200,8 @@ from pathlib import Path
 import torch.distributed as dist
 from gateway.demo.train import demo_config
 from trainer_client.reference.loop import run_rank
-from trainer_client.reference.trainer import GRPOTrainer, save_weights
+from trainer_client.reference.trainer import GRPOTrainer
+from trainer_client.weights import save_weights
 
 init_method, rank, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 policy, db_url, gateway_url = sys.argv[4:]
@@ -288,19 +290,24 @@ def test_backend_crashed_and_restarted_mid_rollout_leaves_error_turns_and_masked
 ):
     db_url = databases.new("postgresql")
     gateway = start_gateway(db_url, backends=[policy_vllm.url])
-    task = TargetCharactersTask(turns=3)
-    # Long replies (about a second each): the crash lands while calls are being generated.
+    turns = 7
+    task = TargetCharactersTask(turns=turns)
+    # Seven turns of 180 tokens, as many as the context holds: from the first answer, calls are in flight for
+    # seconds, so the crash still lands in one where this test's polls are slow (seen: 3 s under load).
     runner_config = RunnerConfig(
-        group_size=4, groups_in_flight=1, max_tokens=400, min_tokens=400, retry_for=600
+        group_size=4, groups_in_flight=1, max_tokens=180, min_tokens=180, retry_for=600
     )
 
     async def play_through_a_restart() -> list[float]:
         runner = RolloutRunner(gateway.url, task, runner_config, name="restart")
         group = asyncio.create_task(runner.play_group(0))
-        while not await asyncio.to_thread(query, db_url, "SELECT 1 FROM turns WHERE status = 'ok' LIMIT 1"):
-            assert not group.done(), "the group ended before the crash"
-            await asyncio.sleep(0.02)
-        await asyncio.to_thread(policy_vllm.kill)  # a crash, with the next turns in flight
+        # Once the first turns have been answered, the crash lands while the next ones are being generated
+        # (the gateway's counts answer in milliseconds, a store query may not).
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+            while not all(await answered_and_in_flight(http)):
+                assert not group.done(), "the group ended before the crash"
+                await asyncio.sleep(0.01)
+        policy_vllm.kill()  # a crash, with the next turns in flight
         await asyncio.sleep(2)  # calls made while it is down fail too
         await asyncio.to_thread(policy_vllm.start)
         rewards = await group
@@ -312,10 +319,10 @@ def test_backend_crashed_and_restarted_mid_rollout_leaves_error_turns_and_masked
     assert len(rewards) == 4
     assert httpx.get(gateway.url + "/healthz", timeout=10).status_code == 200
     statuses = dict(query(db_url, "SELECT status, COUNT(*) FROM turns GROUP BY status"))
-    assert statuses["error"] >= 1 and statuses["ok"] == 4 * 3
+    assert statuses["error"] >= 1 and statuses["ok"] == 4 * turns
     broken = {r for (r,) in query(db_url, "SELECT DISTINCT rollout_id FROM turns WHERE status = 'error'")}
     with TrainerClient(db_url) as client:
-        assert len(client.read().samples) == 3 * (4 - len(broken))  # by default they are skipped
+        assert len(client.read().samples) == turns * (4 - len(broken))  # by default they are skipped
         batch = client.claim("trainer", 0, SampleOptions(include_errors=True))
     assert batch.counts["masked_rollouts"] == len(broken)
     for sample in batch.samples:
@@ -328,6 +335,8 @@ def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gate
     db_url = databases.new("sqlite")
     gateway = start_gateway(db_url, backends=[policy_vllm.url])
     calls = 200
+    generating: set[int] = set()
+    """The calls whose first chunk has come: vLLM sends it with the first sampled token."""
 
     async def call(index: int) -> str | None:
         agent = openai.AsyncOpenAI(
@@ -343,6 +352,7 @@ def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gate
             )
             finish = None
             async for chunk in stream:
+                generating.add(index)
                 if chunk.choices and chunk.choices[0].finish_reason:
                     finish = chunk.choices[0].finish_reason
             return finish
@@ -360,7 +370,7 @@ def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gate
             assert time.monotonic() < deadline, "the calls never all reached the gateway"
             await asyncio.sleep(0.05)
         httpx.post(f"{policy_vllm.url}/resume", timeout=60).raise_for_status()
-        while await asyncio.to_thread(vllm_running, policy_vllm) < calls // 2:
+        while len(generating) < calls // 2:
             assert time.monotonic() < deadline, "vLLM never generated for the calls together"
             await asyncio.sleep(0.05)
         paused = await asyncio.to_thread(admin, gateway, "/pause", json={"mode": mode})

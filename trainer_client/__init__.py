@@ -11,6 +11,14 @@ A torch.distributed trainer claims once per step on rank 0 and gives every rank 
 
 The reference async GRPO trainer is `trainer_client.reference.trainer`, the rollout workers
 `trainer_client.reference.runner`, and `trainer_client.reference.loop` runs both against a gateway.
+
+On-policy distillation: `trainer-client score` (`trainer_client.scoring`) stores a teacher's logprob of
+every sampled token; samples read with `SampleOptions(teacher=...)` carry them, and
+`distillation_advantages` turns them into per-token advantages.
+
+The same samples for the trainers teams already run: `trainer_client.hf` (Hugging Face datasets),
+`trainer_client.trl` (TRL's GRPO trainers), `trainer_client.verl` (verl's agent-loop batch) and
+`trainer_client.skyrl` (SkyRL's generator output).
 """
 
 from gateway.store.groups import SampleOptions
@@ -18,7 +26,7 @@ from gateway.store.samples import MergedSample, StepSample
 from trainer_client.batch import Batch
 from trainer_client.client import TrainerClient
 from trainer_client.distributed import DistributedClaims, Shard, StepFailed, shard_batch, sum_gradients
-from trainer_client.loss import grpo_loss
+from trainer_client.loss import distillation_advantages, grpo_loss, teacher_kl
 from trainer_client.sync import GatewayAdmin
 
 __all__ = [
@@ -31,7 +39,9 @@ __all__ = [
     "StepFailed",
     "StepSample",
     "TrainerClient",
+    "distillation_advantages",
     "grpo_loss",
     "shard_batch",
     "sum_gradients",
+    "teacher_kl",
 ]

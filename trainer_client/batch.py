@@ -29,7 +29,8 @@ class Batch:
 
     def padded(self, pad_id: int = 0) -> dict[str, torch.Tensor]:
         """Right-padded [B, L] tensors; `old_logprobs[b, t]` is the sampling logprob of `input_ids[b, t]`
-        (0 on prompt and padding), `advantages[b, t]` the sample's advantage on its loss tokens."""
+        (0 on prompt and padding), `advantages[b, t]` the sample's advantage on its loss tokens; samples read
+        with a teacher add `teacher_logprobs`, aligned like `old_logprobs`."""
         sequences = [(s.input_ids, s.loss_mask, s.token_logprobs) for s in self.samples]
         lengths = [ids.shape[0] for ids, _, _ in sequences]
         width = max(lengths, default=0)
@@ -46,17 +47,25 @@ class Batch:
             loss_mask[row, :length] = mask
             old_logprobs[row, :length] = logprobs
             advantages[row, :length] = sample.advantage * loss_mask[row, :length]
-        return {
+        tensors = {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(attention),
             "loss_mask": torch.from_numpy(loss_mask),
             "old_logprobs": torch.from_numpy(old_logprobs),
             "advantages": torch.from_numpy(advantages),
         }
+        teacher = self._teacher_logprobs()
+        if teacher is not None:
+            padded = np.zeros((rows, width), dtype=np.float32)
+            for row, values in enumerate(teacher):
+                padded[row, : values.shape[0]] = values
+            tensors["teacher_logprobs"] = torch.from_numpy(padded)
+        return tensors
 
     def packed(self) -> dict[str, torch.Tensor]:
         """All samples in one [1, T] row for variable-length attention kernels: `cu_seqlens` [B + 1] marks
-        where each sample starts, `position_ids` restart at 0 for each."""
+        where each sample starts, `position_ids` restart at 0 for each (and `teacher_logprobs` as in
+        `padded`)."""
         parts_ids, parts_mask, parts_logprobs, parts_adv = [], [], [], []
         for sample in self.samples:
             mask = sample.loss_mask.astype(np.float32)
@@ -73,7 +82,7 @@ class Batch:
             joined = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
             return torch.from_numpy(joined).unsqueeze(0)
 
-        return {
+        tensors = {
             "input_ids": row(parts_ids, np.int64),
             "position_ids": torch.from_numpy(positions).unsqueeze(0),
             "cu_seqlens": torch.from_numpy(cu_seqlens),
@@ -81,6 +90,19 @@ class Batch:
             "old_logprobs": row(parts_logprobs, np.float32),
             "advantages": row(parts_adv, np.float32),
         }
+        teacher = self._teacher_logprobs()
+        if teacher is not None:
+            tensors["teacher_logprobs"] = row(teacher, np.float32)
+        return tensors
+
+    def _teacher_logprobs(self) -> list[np.ndarray] | None:
+        """Each sample's teacher logprobs aligned with its `input_ids`; None when read without a teacher."""
+        values = [s.token_teacher_logprobs for s in self.samples]
+        if all(v is None for v in values):
+            return None
+        if any(v is None for v in values):
+            raise ValueError("some samples of the batch have teacher scores and others not")
+        return [v for v in values if v is not None]
 
     def metrics(self) -> dict[str, float]:
         """Trajectory-level reward metrics, turn-level counts beside them, then the selection's `counts`.
@@ -100,8 +122,22 @@ class Batch:
             "samples_per_rollout": len(self.samples) / max(len(rollouts), 1),
             "tokens": float(sum(int(s.input_ids.shape[0]) for s in self.samples)),
             "loss_tokens": float(tokens),
+            **self._teacher_metrics(),
             **{name: float(value) for name, value in self.counts.items()},
         }
+
+    def _teacher_metrics(self) -> dict[str, float]:
+        """`teacher_kl`: the mean per-token reverse KL to the teacher (sampling logprob less the teacher's)
+        over the loss tokens, when the samples were read with a teacher."""
+        teacher = self._teacher_logprobs()
+        if teacher is None:
+            return {}
+        gap = sum(
+            float(((s.token_logprobs - values) * s.loss_mask).sum())
+            for s, values in zip(self.samples, teacher, strict=True)
+        )
+        tokens = sum(int(s.loss_mask.sum()) for s in self.samples)
+        return {"teacher_kl": gap / max(tokens, 1)}
 
 
 def _trajectory(sample: Sample) -> tuple[str, int | None]:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
@@ -27,8 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="write step-wise samples of ready groups (claims nothing)")
     export.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
-    export.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
-    export.add_argument("--output", "-o", required=True, help="file to write; - for standard output")
+    export.add_argument(
+        "--format",
+        choices=("jsonl", "parquet", "hf"),
+        default="jsonl",
+        help="hf: a Hugging Face `datasets` dataset, a directory `datasets.load_from_disk` reads (the hf "
+        "extra)",
+    )
+    export.add_argument(
+        "--output", "-o", required=True, help="file (hf: directory) to write; - for standard output"
+    )
     export.add_argument(
         "--include-errors", action="store_true", help="keep rollouts with failed turns, masked"
     )
@@ -37,11 +48,61 @@ def build_parser() -> argparse.ArgumentParser:
         "--merged", action="store_true", help="one sample per chain of turns that extend each other exactly"
     )
     export.add_argument(
+        "--teacher",
+        metavar="NAME",
+        help="add this teacher's logprobs of the sampled tokens (teacher_logprobs); only groups it has "
+        "scored wholly are written",
+    )
+    export.add_argument(
         "--group-timeout",
         type=float,
         default=None,
         help="serve a group's finished rollouts after this many seconds",
     )
+
+    score = commands.add_parser(
+        "score",
+        help="store a teacher vLLM's logprob of every sampled token (on-policy distillation)",
+        description="Send each stored turn's exact ids (prompt and completion as the engine saw and sampled "
+        "them) to a teacher vLLM server for prompt_logprobs and store the teacher's logprob of every sampled "
+        "token, under the teacher's model name and weight version. Turns already scored by that teacher are "
+        "left alone: rerunning resumes an interrupted run and scores only what is new. The teacher must "
+        "decode every token id as the policy's server does, or it is refused.",
+    )
+    score.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
+    score.add_argument("--teacher", required=True, metavar="URL", help="the teacher's vLLM server")
+    score.add_argument(
+        "--model",
+        required=True,
+        metavar="NAME",
+        help="the teacher's served model name; scores are stored under it",
+    )
+    chosen = score.add_mutually_exclusive_group()
+    chosen.add_argument("--group-id", help="score this GRPO group's rollouts only")
+    chosen.add_argument(
+        "--since",
+        metavar="TIME",
+        help="score rollouts created at or after TIME: ISO 8601 (2026-11-25T14:00:00, local time unless it "
+        "says), or seconds since the epoch",
+    )
+    score.add_argument(
+        "--policy",
+        metavar="URL",
+        help="a vLLM server of the policy, to compare tokenizers with (default: the server of the latest "
+        "rollout, as the gateway recorded it)",
+    )
+    score.add_argument(
+        "--api-key",
+        default=os.environ.get("TEACHER_API_KEY"),
+        help="the teacher server's --api-key (default: $TEACHER_API_KEY)",
+    )
+    score.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=16384,
+        help="tokens per request to the teacher (default: %(default)s)",
+    )
+    score.add_argument("--concurrency", type=int, default=4, help="requests in flight (default: %(default)s)")
 
     evaluate = commands.add_parser(
         "eval", help="mean reward and pass@k of the rollouts tagged eval, per policy version"
@@ -76,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.store.database import SchemaMismatch, check_url
 
     args = build_parser().parse_args(argv)
-    command = {"stats": _stats, "export": _export, "eval": _eval, "tail": _tail}[args.command]
+    command = {"stats": _stats, "export": _export, "score": _score, "eval": _eval, "tail": _tail}[
+        args.command
+    ]
     try:
         check_url(args.db)
     except ValueError as exc:
@@ -138,8 +201,11 @@ def _export(args: argparse.Namespace) -> int:
         include_errors=args.include_errors,
         normalize_std=not args.no_std,
         merged=args.merged,
+        teacher=args.teacher,
     )
     to_stdout = args.output == "-"
+    if args.format == "hf":
+        return _export_hf(args, options)
     if to_stdout and args.format == "parquet" and sys.stdout.isatty():
         print(
             "trainer-client: refusing to write parquet to a terminal; redirect it or use -o FILE",
@@ -160,6 +226,20 @@ def _export(args: argparse.Namespace) -> int:
                 progress.update(batch.counts.get("groups", 0) + batch.counts.get("dropped_groups", 0))
     sink.close()
     print(f"wrote {written} samples to {'standard output' if to_stdout else args.output}", file=sys.stderr)
+    return 0
+
+
+def _export_hf(args: argparse.Namespace, options: Any) -> int:
+    if args.output == "-":
+        print("trainer-client: --format hf writes a directory: give it with -o DIR", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("datasets") is None:
+        print("trainer-client: --format hf needs the hf extra: pip install 'rl-gateway[hf]'", file=sys.stderr)
+        return 2
+    from trainer_client import hf
+
+    written = hf.save(args.db, options, Path(args.output))
+    print(f"wrote {written} samples to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -226,6 +306,65 @@ class _ParquetSink:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def _score(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from gateway.store.scores import ScoreFilter
+    from trainer_client.scoring import Scorer, TeacherError, TeacherServer
+
+    if args.batch_tokens < 1 or args.concurrency < 1:
+        print("trainer-client: --batch-tokens and --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        since = None if args.since is None else _moment(args.since)
+    except ValueError:
+        print(f"trainer-client: --since: {args.since!r} is neither ISO 8601 nor seconds", file=sys.stderr)
+        return 2
+    teacher = TeacherServer(args.teacher, args.model, api_key=args.api_key)
+    scorer = Scorer(args.db, teacher, batch_tokens=args.batch_tokens, concurrency=args.concurrency)
+    shown = sys.stderr if sys.stderr.isatty() else _LastDrawing(sys.stderr)
+    bars: list[tqdm[None]] = []  # drawn from the first report of work to do
+
+    def advance(done: int, total: int) -> None:
+        if not bars and total:
+            bars.append(tqdm(total=total, unit="turn", desc="scoring", file=shown))
+        if bars:
+            bars[0].update(done - bars[0].n)
+
+    try:
+        scorer.check(args.policy)
+        report = scorer.score(ScoreFilter(group_id=args.group_id, since=since), advance)
+    except TeacherError as exc:
+        print(f"trainer-client: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        for bar in bars:
+            bar.close()
+        scorer.close()
+        teacher.close()
+    print(
+        f"scored {report.turns} turns ({report.tokens:,} sampled tokens) in {report.requests} requests: "
+        f"{report.sequence_tokens:,} tokens to the teacher in {report.seconds:.1f} s "
+        f"({report.tokens_per_s:,.0f} tokens/s)",
+        file=sys.stderr,
+    )
+    if report.too_long:
+        print(
+            f"left {len(report.too_long)} turns unscored: longer than the teacher's context "
+            f"(first: rollout {report.too_long[0][0]} turn {report.too_long[0][1]})",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _moment(value: str) -> float:
+    """Seconds since the epoch from ISO 8601 (local time unless it gives its offset) or a number."""
+    try:
+        return float(value)
+    except ValueError:
+        return datetime.fromisoformat(value).timestamp()
 
 
 def _eval(args: argparse.Namespace) -> int:

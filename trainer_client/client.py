@@ -54,6 +54,13 @@ class TrainerClient:
         """Every ready group, claimed or not, without claiming: for evaluation, export and analysis."""
         return next(self.iter_batches(options, groups_per_batch=None), Batch([]))
 
+    def read_groups(self, group_ids: list[str], options: SampleOptions | None = None) -> Batch:
+        """These groups' samples, claimed or not, without claiming: for a trainer that played them itself."""
+        options = options or SampleOptions()
+        with self.engine.connect() as conn:
+            selection = read_groups(conn, group_ids, options)
+        return self._load(selection, options)
+
     def iter_batches(
         self, options: SampleOptions | None = None, groups_per_batch: int | None = 100
     ) -> Iterator[Batch]:
@@ -69,7 +76,7 @@ class TrainerClient:
 
     def _load(self, selection: Selection, options: SampleOptions) -> Batch:
         with self.engine.connect() as conn:
-            samples = load_samples(conn, selection.rollouts, merged=options.merged)
+            samples = load_samples(conn, selection.rollouts, merged=options.merged, teacher=options.teacher)
         return Batch(cast(list[Sample], samples), selection.counts())
 
     def close(self) -> None:

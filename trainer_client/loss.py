@@ -52,6 +52,27 @@ def grpo_loss(
     return loss, metrics
 
 
+def distillation_advantages(
+    tensors: dict[str, torch.Tensor], *, kl_weight: float = 1.0, grpo_weight: float = 0.0
+) -> torch.Tensor:
+    """Per-token advantages for on-policy distillation, from `Batch.padded()` (or `packed()`) read with a
+    teacher: `kl_weight * (teacher_logprobs - old_logprobs)`, the negative per-token reverse KL to the
+    teacher on the tokens the policy sampled, plus `grpo_weight` times the GRPO advantage; 0 off the loss
+    tokens. Fed to `grpo_loss` as its `advantages`, it moves the policy toward the teacher on its own
+    samples (with `grpo_weight`, toward the reward as well)."""
+    mask = tensors["loss_mask"].to(torch.float32)
+    reverse_kl = tensors["old_logprobs"] - tensors["teacher_logprobs"]
+    return (-kl_weight * reverse_kl + grpo_weight * tensors["advantages"]) * mask
+
+
+def teacher_kl(tensors: dict[str, torch.Tensor]) -> float:
+    """The mean per-token reverse KL to the teacher over the loss tokens (sampled logprob less the
+    teacher's, estimated on the policy's own samples)."""
+    mask = tensors["loss_mask"].to(torch.float32)
+    gap = (tensors["old_logprobs"] - tensors["teacher_logprobs"]) * mask
+    return float(gap.sum() / mask.sum().clamp(min=1.0))
+
+
 def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation) -> torch.Tensor:
     if aggregation == "token-mean":
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)

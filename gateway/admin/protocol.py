@@ -37,7 +37,7 @@ class BackendView(BaseModel):
     """Takes no new rollouts; those pinned to it finish there."""
     in_flight: int
     pinned: int
-    """Rollouts this gateway routes to it."""
+    """Running rollouts pinned to it (the store's count)."""
     models: list[str]
     requests: int
     errors: int
@@ -53,9 +53,19 @@ class BackendView(BaseModel):
 
 
 class WorkerView(BaseModel):
+    """One process of the gateway (`--workers`, or replicas on other hosts sharing the PostgreSQL store)."""
+
+    process_id: str
+    host: str
     pid: int
-    policy_version: str
-    """The version it stamps on new turns (every process holds the gateway's)."""
+    port: int
+    alive: bool
+    """Whether its last heartbeat is younger than --process-timeout; changes and pauses wait only for those
+    alive."""
+    heartbeat_age: float
+    """Seconds since its last heartbeat."""
+    applied_epoch: int
+    """The newest fleet epoch it holds."""
     in_flight: int
     waiting: int
     requests: int
@@ -63,11 +73,18 @@ class WorkerView(BaseModel):
 
 
 class AdminState(BaseModel):
+    epoch: int
+    """The fleet's state is numbered: each admin change makes the next epoch, and returns once every live
+    process holds it."""
     paused: bool
+    pause_mode: Literal["wait", "abort", "keep"] | None
+    paused_by: str | None
+    """The process whose admin call paused the gateway."""
     in_flight: int
     waiting: int
     """Agent calls held by the pause."""
     policy_version: str
     backends: list[BackendView]
     workers: list[WorkerView]
-    """The gateway's processes (`--workers`), this one first: the counts above are theirs added up."""
+    """The gateway's processes, this one first, then the others (alive or not, until an hour after their last
+    heartbeat): the counts above are those of the live ones added up."""

@@ -1,16 +1,21 @@
-"""Weight-sync coordination: the gateway and every vLLM backend pause, take a new version, resume."""
+"""Weight-sync coordination and the fleet's servers: every gateway process and every vLLM backend pause, take
+a new version, resume. Each change is one step of the fleet's state (`gateway.fleet.sync`), which every
+process of the gateway holds before the admin call returns."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+import time
+from collections.abc import Callable
 
 from gateway.admin.protocol import AdminState, BackendView, WorkerView
 from gateway.errors import ApiError
+from gateway.fleet import health
+from gateway.fleet.records import FleetState, PauseMode, ProcessRow, ServerEntry
+from gateway.fleet.servers import Server
+from gateway.fleet.weights import RELOAD, RELOAD_BODY, WEIGHT_VERSION
 from gateway.state import GatewayState
-from gateway.workers.fleet import Load, add_loads, load_of, share
 
 log = logging.getLogger(__name__)
 
@@ -24,61 +29,123 @@ first ends came through more than 2 s after vLLM's pause."""
 
 
 async def admin_state(state: GatewayState) -> AdminState:
-    mine = AdminState(
-        paused=state.traffic.paused,
-        in_flight=state.traffic.in_flight,
-        waiting=state.traffic.waiting,
+    fleet, timeout = state.fleet, state.fleet.timeout
+    rows = await fleet.processes()
+    alive = [row for row in rows if row.heartbeat_age < timeout]
+    return AdminState(
+        epoch=fleet.held.epoch,
+        paused=fleet.held.paused,
+        pause_mode=fleet.held.pause_mode if fleet.held.paused else None,
+        paused_by=fleet.held.paused_by if fleet.held.paused else None,
+        in_flight=sum(row.in_flight for row in alive),
+        waiting=sum(row.waiting for row in alive),
         policy_version=state.recorder.policy_version,
-        backends=[BackendView.model_validate(server.view()) for server in state.backends.servers.values()],
-        workers=[WorkerView.model_validate(load_of(state).worker())],
+        backends=[_backend_view(server, alive) for server in state.backends.servers.values()],
+        workers=[_worker_view(row, timeout) for row in rows],
     )
-    if state.peers is None:
-        return mine
-    loads = [Load.model_validate(load) for load in await state.peers.ask("/load")]
-    return AdminState.model_validate(add_loads(mine.model_dump(), loads))
 
 
-async def pause(state: GatewayState, mode: str, timeout: float) -> AdminState:
-    """Hold new agent calls, then deal with those in flight as vLLM's own /pause does."""
-    await _set_traffic(state, open_=False)
+def _backend_view(server: Server, alive: list[ProcessRow]) -> BackendView:
+    """The server as this process sees it, with every live process's load added up (rollouts pinned are the
+    store's count, the same in each)."""
+    view = server.view()
+    loads = [row.loads[server.url] for row in alive if server.url in row.loads]
+    for field in ("in_flight", "requests", "errors"):
+        view[field] = sum(getattr(load, field) for load in loads)
+    return BackendView.model_validate(view)
+
+
+def _worker_view(row: ProcessRow, timeout: float) -> WorkerView:
+    return WorkerView(
+        process_id=row.process_id,
+        host=row.host,
+        pid=row.pid,
+        port=row.port,
+        alive=row.heartbeat_age < timeout,
+        heartbeat_age=round(row.heartbeat_age, 3),
+        applied_epoch=row.applied_epoch,
+        in_flight=row.in_flight,
+        waiting=row.waiting,
+        requests=sum(load.requests for load in row.loads.values()),
+    )
+
+
+async def pause(state: GatewayState, mode: PauseMode, timeout: float) -> AdminState:
+    """Hold new agent calls on every process, then deal with those in flight as vLLM's own /pause does."""
+    by = state.fleet.process_id
+
+    def paused(fleet: FleetState) -> None:
+        fleet.paused, fleet.pause_mode, fleet.paused_by = True, mode, by
+
+    await state.fleet.change(paused)
     if mode == "wait":
         try:
-            drained = await _everywhere(
-                state, state.traffic.drained(timeout), "/drained", {"timeout": timeout}, wait=timeout
-            )
-        except ApiError:
-            await _reopen(state)
+            drained = await state.fleet.until(_idle, timeout)
+        except Exception:  # the store could not be read: the pause is undone
+            await state.fleet.change(_opened)
             raise
         if not drained:
-            await _reopen(state)
+            await state.fleet.change(_opened)
             raise ApiError(504, f"calls still in flight after {timeout:.0f} s: not paused", "pause_timeout")
     # vLLM's own pause ends (abort) or freezes (keep) what it is generating and queues what reaches it
     # afterwards: calls still on their way when it paused run after resume, with the new weights.
     await state.backends.call_all("/pause", params={"mode": mode})
     if mode == "abort":  # let the aborted turns be recorded before a new version can be set
-        await _everywhere(
-            state,
-            _settled(state, timeout),
-            "/settled",
-            {"quiet": ABORT_QUIET, "first": ABORT_FIRST, "timeout": timeout},
-            wait=timeout,
-        )
-    log.info("paused (%s): %d calls in flight", mode, state.traffic.in_flight)
+        await settled(state, ABORT_QUIET, timeout, ABORT_FIRST)
+    log.info("paused (%s)", mode)
     return await admin_state(state)
+
+
+def _idle(rows: list[ProcessRow]) -> bool:
+    return not any(row.in_flight for row in rows)
+
+
+def _opened(fleet: FleetState) -> None:
+    fleet.paused, fleet.pause_mode, fleet.paused_by = False, None, None
+
+
+async def settled(state: GatewayState, quiet: float, timeout: float, first: float) -> None:
+    """Wait until calls stop ending on every process: none in flight, or none ended for `quiet` seconds (those
+    left wait for something else, such as vLLM's queue), or, while none has ended yet, for `first` seconds;
+    at most `timeout` seconds."""
+    started = time.monotonic()
+    ended_at, ended = started, None
+    while True:
+        rows = await state.fleet.alive()
+        now = time.monotonic()
+        total = sum(row.ended for row in rows)
+        if ended is not None and total != ended:
+            ended_at = now
+        ended = total
+        still = (quiet if ended_at > started else first) - (now - ended_at)
+        if _idle(rows) or still <= 0 or now - started >= timeout:
+            return
+        await asyncio.sleep(min(still, 0.05))
 
 
 async def resume(state: GatewayState) -> AdminState:
     await state.backends.call_all("/resume")
-    await _set_traffic(state, open_=True)
+    await state.fleet.change(_opened)
     log.info("resumed at policy version %s", state.recorder.policy_version)
     return await admin_state(state)
 
 
 async def set_policy_version(state: GatewayState, version: str) -> AdminState:
-    """New turns are stamped with `version`; the backends tag their tokens with it too."""
-    async with _shared(state):
-        await state.backends.set_weight_version(version)
-        state.recorder.policy_version = version
+    """New turns are stamped with `version` by every process; the backends tag their tokens with it too."""
+    took: list[str] = []
+
+    def versioned(fleet: FleetState) -> None:
+        fleet.policy_version = fleet.weight_version = version
+        for entry in fleet.servers:
+            if entry.url in took:
+                entry.weight_version = version
+            else:  # out of service until a health check has given it the version
+                entry.healthy = False
+
+    try:
+        await state.backends.call_all(WEIGHT_VERSION, json={"new_version": version}, done=_into(took))
+    finally:  # also after a failure half way: the servers that took it hold it
+        await state.fleet.change(versioned)
     log.info("policy version is now %s", version)
     return await admin_state(state)
 
@@ -86,84 +153,84 @@ async def set_policy_version(state: GatewayState, version: str) -> AdminState:
 async def reload_weights(state: GatewayState) -> AdminState:
     """Every backend reloads its weights from its model directory (where the trainer has just written
     them)."""
-    async with _shared(state):
-        await state.backends.reload_weights()
+    took: list[str] = []
+
+    def reloaded(fleet: FleetState) -> None:
+        fleet.reloads += 1
+        for entry in fleet.servers:
+            if entry.url in took:
+                entry.reloads = fleet.reloads
+            else:  # out of service until a health check has given it the weights
+                entry.healthy = False
+
+    try:
+        await state.backends.call_all(RELOAD, json=RELOAD_BODY, done=_into(took))
+    finally:
+        await state.fleet.change(reloaded)
     log.info("backends reloaded their weights")
     return await admin_state(state)
 
 
+def _into(urls: list[str]) -> Callable[[Server], None]:
+    return lambda server: urls.append(server.url)
+
+
 async def add_backend(state: GatewayState, url: str) -> AdminState:
     """A server joins the fleet, checked at once (health, models) so that it takes rollouts if it is up."""
-    async with _shared(state):
-        await state.backends.check(state.backends.add(url))
+    url = url.rstrip("/")
+
+    def added(fleet: FleetState) -> None:
+        entry = fleet.server(url)
+        if entry is None:
+            fleet.servers.append(ServerEntry(url=url))
+        else:
+            entry.draining = False
+
+    await state.fleet.change(added)
+    await health.found(state.fleet, await state.backends.check(state.backends.servers[url]))
     return await admin_state(state)
 
 
 async def drain_backend(state: GatewayState, url: str) -> AdminState:
-    async with _shared(state):
-        _known(state, url, state.backends.drain)
+    """No new rollouts go to the server; those pinned to it finish there."""
+
+    def drained(fleet: FleetState) -> None:
+        _known(fleet, url).draining = True
+
+    await _change_servers(state, drained)
+    server = state.backends.servers.get(url.rstrip("/"))
+    if server is not None:
+        log.info("backend %s draining: %d rollouts pinned", server.url, server.pinned)
     return await admin_state(state)
 
 
 async def remove_backend(state: GatewayState, url: str) -> AdminState:
-    async with _shared(state):
-        _known(state, url, state.backends.remove)
+    """The server leaves: its rollouts move to others on their next call (calls in flight finish)."""
+
+    def removed(fleet: FleetState) -> None:
+        entry = _known(fleet, url)
+        if len(fleet.servers) == 1:
+            raise ValueError(f"{entry.url} is the only backend: add another before removing it")
+        fleet.servers.remove(entry)
+
+    await _change_servers(state, removed)
     return await admin_state(state)
 
 
-@asynccontextmanager
-async def _shared(state: GatewayState) -> AsyncIterator[None]:
-    """Hand this process's fleet (servers, weights, policy version) to the other worker processes after a
-    change, also one that failed half way (some servers took new weights)."""
+async def _change_servers(state: GatewayState, edit: Callable[[FleetState], None]) -> None:
     try:
-        yield
-    finally:
-        if state.peers is not None:
-            await share(state, state.peers)
-
-
-async def _set_traffic(state: GatewayState, *, open_: bool) -> None:
-    """Open or close the door of every process; a close that some process missed is undone."""
-    if open_:
-        state.traffic.open()
-    else:
-        state.traffic.close()
-    if state.peers is None:
-        return
-    try:
-        await state.peers.ask("/traffic", {"open": open_})
-    except ApiError:
-        if not open_:
-            await _reopen(state)
-        raise
-
-
-async def _reopen(state: GatewayState) -> None:
-    """Undo a pause that did not take: every process that can be reached opens its door again."""
-    state.traffic.open()
-    if state.peers is not None:
-        await state.peers.ask("/traffic", {"open": True}, strict=False)
-
-
-async def _everywhere(
-    state: GatewayState, mine: Awaitable[bool | None], path: str, body: dict[str, float], *, wait: float
-) -> bool:
-    """A pause step run in this process and in every other at once: whether it held in all of them."""
-    if state.peers is None:
-        return await mine is not False
-    answers = await asyncio.gather(mine, state.peers.ask(path, body, wait=wait))
-    return answers[0] is not False and all(answer.get("drained", True) for answer in answers[1])
-
-
-async def _settled(state: GatewayState, timeout: float) -> None:
-    await state.traffic.settled(ABORT_QUIET, timeout, ABORT_FIRST)
-
-
-def _known(state: GatewayState, url: str, change: Callable[[str], object]) -> None:
-    try:
-        change(url)
-    except KeyError:
-        known = ", ".join(state.backends.urls)
-        raise ApiError(404, f"no backend {url!r} (the gateway's: {known})", "backend_not_found") from None
+        await state.fleet.change(edit)
+    except KeyError as exc:
+        known = ", ".join(entry.url for entry in state.fleet.held.servers)
+        raise ApiError(
+            404, f"no backend {exc.args[0]!r} (the gateway's: {known})", "backend_not_found"
+        ) from None
     except ValueError as exc:
         raise ApiError(409, str(exc), "last_backend") from None
+
+
+def _known(fleet: FleetState, url: str) -> ServerEntry:
+    entry = fleet.server(url.rstrip("/"))
+    if entry is None:
+        raise KeyError(url)
+    return entry

@@ -1,9 +1,10 @@
-"""Admission of agent calls: counts those in flight, and holds new ones while the gateway is paused."""
+"""Admission of agent calls: counts those in flight, holds new ones while the gateway is paused, and turns
+them away while this process cannot confirm the fleet with the store (`gateway.fleet.sync`)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 
 from gateway.errors import ApiError
 
@@ -16,10 +17,10 @@ class Traffic:
         """Calls held at the door by a pause."""
         self._open = asyncio.Event()
         self._open.set()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._left_at = 0.0
-        """When a call last ended (monotonic)."""
+        self.ended = 0
+        """Calls that have ended."""
+        self.confirmed: Callable[[], bool] = lambda: True
+        """Whether this process holds the fleet as the store has it (set by `FleetSync`)."""
 
     @property
     def paused(self) -> bool:
@@ -27,6 +28,7 @@ class Traffic:
 
     async def enter(self) -> None:
         """Admit a call, waiting (up to the pause timeout) while a weight sync is in progress."""
+        self.check_confirmed()
         if not self._open.is_set():
             self.waiting += 1
             try:
@@ -39,39 +41,23 @@ class Traffic:
                 ) from None
             finally:
                 self.waiting -= 1
+            self.check_confirmed()
         self.in_flight += 1
-        self._idle.clear()
+
+    def check_confirmed(self) -> None:
+        if not self.confirmed():
+            raise ApiError(
+                503,
+                "the gateway cannot reach its store to confirm the policy version; retry shortly",
+                "store_unavailable",
+            )
 
     def leave(self) -> None:
         self.in_flight -= 1
-        self._left_at = time.monotonic()
-        if self.in_flight == 0:
-            self._idle.set()
+        self.ended += 1
 
     def close(self) -> None:
         self._open.clear()
 
     def open(self) -> None:
         self._open.set()
-
-    async def drained(self, timeout: float) -> bool:
-        """Wait until no call is in flight; False if some still are after `timeout` seconds."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
-
-    async def settled(self, quiet: float, timeout: float, first: float | None = None) -> None:
-        """Wait until calls stop ending: none in flight, or none ended for `quiet` seconds (those left wait
-        for something else, such as vLLM's queue), or, while none has ended yet, for `first` seconds (default
-        `quiet`); at most `timeout` seconds."""
-        started = time.monotonic()
-        deadline = started + timeout
-        while self.in_flight:
-            now = time.monotonic()
-            ended = self._left_at > started
-            still = (quiet if ended else first or quiet) - (now - (self._left_at if ended else started))
-            if still <= 0 or now >= deadline:
-                return
-            await asyncio.sleep(min(still, deadline - now))

@@ -109,8 +109,6 @@ async def finish_rollout(
     reward = Reward(body.reward, body.components) if body.reward is not None else None
     row = await state.store.finish_rollout(rollout_id, body.status, reward)
     state.backends.forget(rollout_id)
-    if state.peers is not None:  # the process that placed it may be another
-        state.peers.tell("/forget", {"rollout_id": rollout_id})
     return RolloutFinished(**{name: row[name] for name in RolloutFinished.model_fields})
 
 
@@ -152,7 +150,7 @@ async def healthz(state: GatewayState = Depends(get_state)) -> Health:
 async def metrics(state: GatewayState = Depends(get_state)) -> Response:
     """Prometheus metrics (no secrets: counts, latencies and token totals only)."""
     state.metrics.commits.set(state.store.commits)
-    if state.peers is None:
+    if not state.fleet.shared:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-    others = await state.peers.ask("/metrics")
+    others = [row.metrics for row in (await state.fleet.alive())[1:] if row.metrics]
     return Response(exposition_with(state.metrics.registry, others), media_type=CONTENT_TYPE_LATEST)

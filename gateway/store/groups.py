@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import ColumnElement, and_, case, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
+from gateway.store.scores import unscored
 from gateway.store.status import TRAINABLE, RolloutStatus, TurnStatus
 
 
@@ -47,6 +48,9 @@ class SampleOptions:
     max_groups: int | None = None
     merged: bool = False
     """One sample per chain of turns that extend each other exactly, instead of one per turn."""
+    teacher: str | None = None
+    """Serve only groups this teacher has scored wholly (`trainer-client score`), with its logprobs on every
+    sample (`teacher_logprobs`)."""
 
 
 @dataclass
@@ -140,6 +144,8 @@ def ready_groups(
     if options.group_timeout is not None:
         ready = or_(ready, func.min(r.c.created_at) < now - options.group_timeout)
     query = select(r.c.group_id).where(r.c.eval.is_(False)).group_by(r.c.group_id)
+    if options.teacher is not None:
+        query = query.where(r.c.group_id.not_in(_groups_to_score(options.teacher)))
     if unclaimed_only:
         unclaimed = func.sum(case((claimable(now), 1), else_=0))
         query = query.having(and_(unclaimed > 0, ready))
@@ -149,6 +155,16 @@ def ready_groups(
     if options.max_groups is not None:
         query = query.limit(options.max_groups)
     return [row[0] for row in conn.execute(query)]
+
+
+def _groups_to_score(teacher: str) -> Select[tuple[str]]:
+    """Groups with a finished rollout that has turns `teacher` has not scored."""
+    r, t = schema.rollouts, schema.turns
+    return (
+        select(r.c.group_id)
+        .join(t, t.c.rollout_id == r.c.rollout_id)
+        .where(r.c.status != RolloutStatus.RUNNING, unscored(teacher))
+    )
 
 
 def load_rollouts(conn: Connection, rollout_rows: Sequence[Any]) -> list[RolloutInfo]:

@@ -123,13 +123,13 @@ class Operations:
         created = _CREATE_IF_ABSENT[conn.dialect.name].execute(conn, _rollout_row(new))
         return self._created(new) if created == 1 else None
 
-    def pin(self, conn: Connection, rollout_id: str, candidate: str, keep: Collection[str]) -> pins.Pin:
+    def pin(self, conn: Connection, rollout_id: str, pick: pins.Pick, keep: Collection[str]) -> pins.Pin:
         """The rollout's server (`gateway.store.pins`), creating the rollout an agent calls before anyone
         registered it: one transaction, not three."""
-        answer = pins.pin(conn, rollout_id, candidate, keep)
+        answer = pins.pin(conn, rollout_id, pick, keep)
         if answer == pins.MISSING:
             self._create_if_absent(conn, rollout_id)  # or another replica just did
-            answer = pins.pin(conn, rollout_id, candidate, keep)
+            answer = pins.pin(conn, rollout_id, pick, keep)
         assert not isinstance(answer, str), "the rollout exists: it was just created or found"
         return answer
 

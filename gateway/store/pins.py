@@ -3,15 +3,17 @@ rollout's calls to the same server (its prefix cache holds the rollout's history
 
 A pin is set by compare-and-set: a replica keeps the stored pin while that server can serve, and replaces it
 only if the server it saw pinned is still the stored one. Two replicas choosing at once therefore agree on
-whichever wrote first.
+whichever wrote first. A new pin is chosen from the store's count of running rollouts on each server, under
+a lock on PostgreSQL (held until the transaction commits), so that placements made at the same moment by
+every process of the gateway see each other and a server's share is bounded across all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import NamedTuple
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
@@ -30,8 +32,15 @@ MISSING = "missing"
 """`pin`'s answer for a rollout that has no row yet (created on its first call)."""
 
 
-def pin(conn: Connection, rollout_id: str, candidate: str, usable: Collection[str]) -> Pin | str:
-    """The stored pin if it is `usable`, else `candidate`. MISSING if the rollout has no row."""
+Pick = Callable[[dict[str, int]], str]
+"""The server for a new pin, given the running rollouts pinned to each server."""
+
+_PLACEMENT_LOCK = 0x726C_9A1E
+
+
+def pin(conn: Connection, rollout_id: str, pick: Pick, usable: Collection[str]) -> Pin | str:
+    """The stored pin if it is `usable`, else the server `pick` chooses. MISSING if the rollout has no
+    row."""
     r = schema.rollouts
     row = conn.execute(select(r.c.backend).where(r.c.rollout_id == rollout_id)).first()
     if row is None:
@@ -39,6 +48,8 @@ def pin(conn: Connection, rollout_id: str, candidate: str, usable: Collection[st
     current = row.backend
     if current is not None and current in usable:
         return Pin(current, None, placed=False)
+    _lock_placement(conn)
+    candidate = pick(running_pins(conn))
     condition = r.c.backend.is_(None) if current is None else r.c.backend == current
     moved = conn.execute(
         update(r).where(r.c.rollout_id == rollout_id, condition).values(backend=candidate)
@@ -48,3 +59,23 @@ def pin(conn: Connection, rollout_id: str, candidate: str, usable: Collection[st
     # Another replica moved it first: its choice stands.
     won = conn.execute(select(r.c.backend).where(r.c.rollout_id == rollout_id)).scalar_one()
     return Pin(str(won), current, placed=False)
+
+
+def _lock_placement(conn: Connection) -> None:
+    """On PostgreSQL, one placement at a time across the gateway's processes: the lock is held until the
+    transaction commits, so the next placement counts this one's pin."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(:key, hashtext(current_schema()))"), {"key": _PLACEMENT_LOCK}
+        )
+
+
+def running_pins(conn: Connection) -> dict[str, int]:
+    """Running rollouts pinned to each server."""
+    r = schema.rollouts
+    counts = conn.execute(
+        select(r.c.backend, func.count())
+        .where(r.c.status == "running", r.c.backend.is_not(None))
+        .group_by(r.c.backend)
+    )
+    return {str(url): int(count) for url, count in counts}

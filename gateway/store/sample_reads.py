@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
@@ -13,6 +14,7 @@ from gateway.store import schema
 from gateway.store.delta import rebuild
 from gateway.store.groups import RolloutInfo
 from gateway.store.samples import MergedSample, StepSample, merge_steps
+from gateway.store.scores import load_scores
 from gateway.store.status import TurnStatus
 from gateway.store.tokens import unpack_ids, unpack_logprobs
 
@@ -20,15 +22,20 @@ _CHUNK = 500  # rollouts per query: keeps IN lists and memory bounded
 
 
 def load_samples(
-    conn: Connection, rollouts: list[RolloutInfo], *, merged: bool = False
+    conn: Connection, rollouts: list[RolloutInfo], *, merged: bool = False, teacher: str | None = None
 ) -> list[StepSample] | list[MergedSample]:
-    """Samples of the given rollouts, in rollout order then step order; `merged` joins exact chains."""
+    """Samples of the given rollouts, in rollout order then step order; `merged` joins exact chains;
+    `teacher` attaches that teacher's scores."""
     samples: list[Any] = []
     for start in range(0, len(rollouts), _CHUNK):
         chunk = rollouts[start : start + _CHUNK]
         turns = _turns_by_rollout(conn, [r.rollout_id for r in chunk])
+        scores: dict[int, np.ndarray] = {}
+        if teacher is not None:
+            turn_ids = [row["turn_id"] for rows in turns.values() for row in rows if row["completion_ids"]]
+            scores = load_scores(conn, teacher, turn_ids)
         for info in chunk:
-            steps = _steps(info, turns.get(info.rollout_id, []))
+            steps = _steps(info, turns.get(info.rollout_id, []), scores)
             samples.extend(merge_steps(steps) if merged else steps)
     return samples
 
@@ -37,6 +44,7 @@ def _turns_by_rollout(conn: Connection, rollout_ids: list[str]) -> dict[str, lis
     t = schema.turns
     rows = conn.execute(
         select(
+            t.c.turn_id,
             t.c.rollout_id,
             t.c.turn_index,
             t.c.status,
@@ -60,7 +68,7 @@ def _turns_by_rollout(conn: Connection, rollout_ids: list[str]) -> dict[str, lis
     return grouped
 
 
-def _steps(info: RolloutInfo, rows: list[Any]) -> list[StepSample]:
+def _steps(info: RolloutInfo, rows: list[Any], scores: dict[int, np.ndarray]) -> list[StepSample]:
     full = rebuild(rows)
     steps = [row for row in rows if row["completion_ids"]]
     # A client's retry repeats an earlier attempt: the agent went on with the retry's reply, so the attempt
@@ -90,6 +98,7 @@ def _steps(info: RolloutInfo, rows: list[Any]) -> list[StepSample]:
                 parent_turn=row["parent_turn"],
                 drift_tokens=row["drift_tokens"],
                 choice_reward=own is not None,
+                teacher_logprobs=scores.get(row["turn_id"]),
             )
         )
     return samples

@@ -11,7 +11,7 @@ merged or not.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,10 +44,16 @@ class StepSample:
     choice_reward: bool = False
     """`reward` and `advantage` are this turn's own: a choice of a call whose choices were rewarded one by
     one."""
+    teacher_logprobs: np.ndarray | None = None
+    """A teacher's logprob of each of `completion_ids` (`trainer-client score`, `SampleOptions(teacher=)`)."""
 
     @property
     def input_ids(self) -> np.ndarray:
         return np.concatenate([self.prompt_ids, self.completion_ids])
+
+    @property
+    def prompt_length(self) -> int:
+        return int(self.prompt_ids.shape[0])
 
     @property
     def loss_mask(self) -> np.ndarray:
@@ -60,6 +66,16 @@ class StepSample:
     def token_logprobs(self) -> np.ndarray:
         """Sampling logprobs aligned with `input_ids` (0 on the prompt)."""
         return np.concatenate([np.zeros(self.prompt_ids.shape[0], dtype=np.float32), self.logprobs])
+
+    @property
+    def token_teacher_logprobs(self) -> np.ndarray | None:
+        """Teacher logprobs aligned with `input_ids` (0 on the prompt), if the sample was read with them."""
+        if self.teacher_logprobs is None:
+            return None
+        aligned: np.ndarray = np.concatenate(
+            [np.zeros(self.prompt_ids.shape[0], np.float32), self.teacher_logprobs]
+        )
+        return aligned
 
     def extends(self, previous: StepSample) -> bool:
         """Whether this step's prompt is `previous`'s prompt + completion, token for token, plus more."""
@@ -83,6 +99,7 @@ class StepSample:
                 "completion_ids": self.completion_ids.tolist(),
                 "loss_mask": self.loss_mask.tolist(),
                 "logprobs": self.logprobs.tolist(),
+                **_teacher(self.teacher_logprobs),
             },
         )
 
@@ -98,6 +115,8 @@ class MergedSample:
     turn_indices: list[int]
     is_last_step: bool
     input_ids: np.ndarray
+    prompt_length: int
+    """The first turn's prompt: the ids before the first sampled token (masked or not)."""
     loss_mask: np.ndarray
     token_logprobs: np.ndarray
     reward: float
@@ -108,6 +127,8 @@ class MergedSample:
     masked: bool = False
     choice_reward: bool = False
     """A choice rewarded on its own (`StepSample.choice_reward`), alone in its sample."""
+    token_teacher_logprobs: np.ndarray | None = None
+    """A teacher's logprob of each sampled token, aligned with `input_ids` (0 where `token_logprobs` is)."""
 
     def to_json(self) -> dict[str, Any]:
         return _record(
@@ -118,6 +139,7 @@ class MergedSample:
                 "input_ids": self.input_ids.tolist(),
                 "loss_mask": self.loss_mask.tolist(),
                 "logprobs": self.token_logprobs.tolist(),
+                **_teacher(self.token_teacher_logprobs),
             },
         )
 
@@ -135,6 +157,10 @@ def _record(sample: StepSample | MergedSample, tokens: dict[str, Any]) -> dict[s
         "finish_reason": sample.finish_reason,
         "masked": sample.masked,
     }
+
+
+def _teacher(logprobs: np.ndarray | None) -> dict[str, Any]:
+    return {} if logprobs is None else {"teacher_logprobs": logprobs.tolist()}
 
 
 def merge_steps(steps: list[StepSample]) -> list[MergedSample]:
@@ -155,17 +181,22 @@ def _merge(chain: list[StepSample]) -> MergedSample:
     input_ids = last.input_ids
     loss_mask = np.zeros(input_ids.shape[0], dtype=np.int8)
     logprobs = np.zeros(input_ids.shape[0], dtype=np.float32)
+    scored = all(step.teacher_logprobs is not None for step in chain)
+    teacher = np.zeros(input_ids.shape[0], dtype=np.float32) if scored else None
     for step in chain:
         start = step.prompt_ids.shape[0]
         end = start + step.completion_ids.shape[0]
         loss_mask[start:end] = 0 if step.masked else 1
         logprobs[start:end] = step.logprobs
+        if teacher is not None:
+            teacher[start:end] = step.teacher_logprobs
     return MergedSample(
         rollout_id=last.rollout_id,
         group_id=last.group_id,
         turn_indices=[step.turn_index for step in chain],
         is_last_step=last.is_last_step,
         input_ids=input_ids,
+        prompt_length=chain[0].prompt_length,
         loss_mask=loss_mask,
         token_logprobs=logprobs,
         reward=last.reward,
@@ -175,4 +206,24 @@ def _merge(chain: list[StepSample]) -> MergedSample:
         finish_reason=last.finish_reason,
         masked=all(step.masked for step in chain),
         choice_reward=last.choice_reward,
+        token_teacher_logprobs=teacher,
+    )
+
+
+class Split(NamedTuple):
+    """A sample cut at its first turn's prompt, as trainers that keep prompt and response apart take it."""
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    """Every id after the prompt: sampled tokens and, merged, the environment's tokens between turns."""
+    response_mask: np.ndarray
+    """1 on sampled tokens (0 everywhere when the sample is masked)."""
+    response_logprobs: np.ndarray
+    """The sampling logprobs, 0 on the environment's tokens."""
+
+
+def split(sample: StepSample | MergedSample) -> Split:
+    cut = sample.prompt_length
+    return Split(
+        sample.input_ids[:cut], sample.input_ids[cut:], sample.loss_mask[cut:], sample.token_logprobs[cut:]
     )

@@ -26,6 +26,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 from sqlalchemy.engine import Dialect
@@ -99,6 +100,13 @@ rollouts = Table(
     Index("ix_rollouts_group_id", "group_id"),
     Index("ix_rollouts_status", "status"),
     Index("ix_rollouts_claimed_by", "claimed_by"),
+    # Running rollouts per server, counted to place each new one (`gateway.store.pins`).
+    Index(
+        "ix_rollouts_running_backend",
+        "backend",
+        postgresql_where=text("status = 'running'"),
+        sqlite_where=text("status = 'running'"),
+    ),
 )
 
 turns = Table(
@@ -176,4 +184,82 @@ rewards = Table(
     Column("components", Json),
     Column("created_at", Float, nullable=False),
     Index("ix_rewards_rollout_id", "rollout_id"),
+)
+
+# A teacher's logprob of every sampled token of a turn (`trainer-client score`: on-policy distillation),
+# packed like `completion_logprobs` and aligned with `completion_ids`; one row per turn and teacher name.
+teacher_scores = Table(
+    "teacher_scores",
+    metadata,
+    Column("turn_id", BigId, ForeignKey("turns.turn_id"), primary_key=True),
+    Column("teacher", String(128), primary_key=True),
+    # What the teacher server reported as its weights (its weight version, else the model it serves).
+    Column("teacher_version", String(256), nullable=False),
+    Column("logprobs", Blob, nullable=False),
+    Column("scored_at", Float, nullable=False),
+)
+
+# The gateway's fleet, shared by every gateway process on PostgreSQL (`gateway.fleet.shared`): one row of what
+# every process must hold alike, numbered by `epoch` (each change adds one and is announced with NOTIFY), the
+# vLLM servers, the history of weight reloads, and the processes themselves with their heartbeats.
+fleet = Table(
+    "fleet",
+    metadata,
+    Column("fleet_id", Integer, primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("policy_version", String(64), nullable=False),
+    Column("paused", Boolean, nullable=False),
+    # The pause's mode (wait, abort, keep) and the process whose admin call asked for it.
+    Column("pause_mode", String(8)),
+    Column("paused_by", String(64)),
+    # Weight reloads the fleet has done, and the weight version it was given (null: never).
+    Column("reloads", Integer, nullable=False),
+    Column("weight_version", String(64)),
+    Column("changed_at", Float, nullable=False),
+)
+
+fleet_servers = Table(
+    "fleet_servers",
+    metadata,
+    Column("url", String(256), primary_key=True),
+    Column("draining", Boolean, nullable=False),
+    # As the leading process's health checks found it: serving, the models it lists, its prefix-cache hit
+    # rate (vLLM's own).
+    Column("healthy", Boolean, nullable=False),
+    Column("models", Json, nullable=False),
+    Column("prefix_cache_hit_rate", Float),
+    # The fleet's reloads and weight version this server holds: one behind takes no calls until it has them.
+    Column("reloads", Integer, nullable=False),
+    Column("weight_version", String(64)),
+    Column("added_at", Float, nullable=False),
+)
+
+weight_reloads = Table(
+    "weight_reloads",
+    metadata,
+    Column("reload", Integer, primary_key=True, autoincrement=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("requested_by", String(64)),
+    Column("at", Float, nullable=False),
+)
+
+gateway_processes = Table(
+    "gateway_processes",
+    metadata,
+    Column("process_id", String(64), primary_key=True),
+    Column("host", String(256), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("port", Integer, nullable=False),
+    # Seconds since the Unix epoch on the database's clock (hosts' clocks may differ).
+    Column("started_at", Float, nullable=False),
+    Column("heartbeat_at", Float, nullable=False),
+    # The newest fleet epoch the process holds, its agent calls in flight and held by a pause, and the calls
+    # it has seen end (a pause in abort mode waits until they stop ending).
+    Column("applied_epoch", BigInteger, nullable=False),
+    Column("in_flight", Integer, nullable=False),
+    Column("waiting", Integer, nullable=False),
+    Column("ended", BigInteger, nullable=False),
+    # Its load per server, and its Prometheus samples: GET /admin/state and /metrics add up every process's.
+    Column("loads", Json),
+    Column("metrics", Json),
 )

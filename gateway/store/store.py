@@ -9,7 +9,7 @@ from typing import Any
 from gateway.store import reads
 from gateway.store.checkpoints import Checkpointer
 from gateway.store.database import is_sqlite, make_engine
-from gateway.store.pins import Pin
+from gateway.store.pins import Pick, Pin
 from gateway.store.records import NewRollout, Reward, RolloutState
 from gateway.store.writer import StoreWriter
 
@@ -44,9 +44,9 @@ class Store:
     async def finish_rollout(self, rollout_id: str, status: str, reward: Reward | None) -> dict[str, Any]:
         return await self.writer.finish_rollout(rollout_id, status, reward)
 
-    async def pin(self, rollout_id: str, candidate: str, usable: Collection[str]) -> Pin:
+    async def pin(self, rollout_id: str, pick: Pick, usable: Collection[str]) -> Pin:
         """The server a rollout's calls go to, agreed through the store (`gateway.store.pins`)."""
-        return await self.writer.pin(rollout_id, candidate, tuple(usable))
+        return await self.writer.pin(rollout_id, pick, tuple(usable))
 
     @property
     def commits(self) -> int:

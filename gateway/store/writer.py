@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from gateway.store.caches import WriterCaches
 from gateway.store.lineage import Node
 from gateway.store.operations import Operations, lock_rollouts
-from gateway.store.pins import Pin
+from gateway.store.pins import Pick, Pin
 from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -95,10 +95,8 @@ class StoreWriter:
     async def create_rollout(self, new: NewRollout) -> tuple[dict[str, Any], bool]:
         return await self.submit(lambda conn: self._operations.create_rollout(conn, new), new.rollout_id)
 
-    async def pin(self, rollout_id: str, candidate: str, keep: Collection[str]) -> Pin:
-        return await self.submit(
-            lambda conn: self._operations.pin(conn, rollout_id, candidate, keep), rollout_id
-        )
+    async def pin(self, rollout_id: str, pick: Pick, keep: Collection[str]) -> Pin:
+        return await self.submit(lambda conn: self._operations.pin(conn, rollout_id, pick, keep), rollout_id)
 
     async def add_reward(self, rollout_id: str, reward: Reward) -> None:
         await self.submit(lambda conn: self._operations.add_reward(conn, rollout_id, reward), rollout_id)

@@ -36,6 +36,7 @@ class Refusal(ApiError):
 
 async def admit(ctx: TurnContext, request: Request, rollout_id: str) -> RolloutState | None:
     """The rollout's state if the call may go on; raises the agent-facing error otherwise."""
+    ctx.traffic.check_confirmed()  # before the store is read: it may be what this process lost
     rollout = await ctx.recorder.rollout_state(rollout_id)
     if ctx.rollout_keys:
         check_agent_key(request, rollout_id, rollout)

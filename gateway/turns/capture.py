@@ -141,6 +141,10 @@ class TurnCapture:
                 if "logprobs" in choice:
                     choice["logprobs"] = None
 
+    def carries_nothing(self, chunk: dict[str, Any], asked: Asked) -> bool:
+        """Whether a stripped stream chunk is one vLLM would not have sent for the agent's own request."""
+        return False
+
     def finish(self) -> list[TurnRecord]:
         """One record per choice, in choice order (one, empty, if nothing was generated)."""
         prompt = np.asarray(self.prompt_ids, dtype=ID_DTYPE)
@@ -241,6 +245,20 @@ class ChatCapture(TurnCapture):
         upstream["logprobs"] = True
         return upstream, asked
 
+    def carries_nothing(self, chunk: dict[str, Any], asked: Asked) -> bool:
+        """A chunk with an empty delta: while a parser holds text back (a tool call's markup, a think tag)
+        vLLM skips the step unless ids or logprobs were asked for, which the gateway always asks. Its ids are
+        captured; the agent, that asked for neither, would not have seen it.
+
+        A parser may itself emit an empty delta (vLLM's Mistral tool parser does), which vLLM sends whatever
+        was asked; in JSON it is the same chunk, so it is held back too: it carries nothing either."""
+        if asked.token_ids or asked.logprobs:
+            return False
+        choices = chunk.get("choices") or ()
+        return bool(choices) and all(
+            choice.get("delta") == {} and choice.get("finish_reason") is None for choice in choices
+        )
+
     def _feed_choice(self, into: Choice, choice: dict[str, Any]) -> None:
         if choice.get("token_ids"):
             into.completion_ids.extend(choice["token_ids"])
@@ -257,6 +275,22 @@ class ChatCapture(TurnCapture):
             into.merge_tool_call(call)
         if choice.get("finish_reason"):
             into.finish_reason = choice["finish_reason"]
+
+
+class TokensChatCapture(ChatCapture):
+    """A chat call whose prompt the client gave as ids (`/chat/completions/tokens`): the engine generates from
+    those ids, its chat path (parsers, streaming, `n`) otherwise as for any chat call."""
+
+    @staticmethod
+    def request_fields(body: dict[str, Any]) -> dict[str, Any]:
+        fields = ChatCapture.request_fields(body)
+        fields["params"].pop("tokens", None)
+        return fields
+
+    def inject(self, body: dict[str, Any], parsed: Any) -> tuple[dict[str, Any], Asked]:
+        upstream, asked = super().inject(body, parsed)
+        self.sent_prompt = np.asarray(upstream.pop("tokens"), dtype=ID_DTYPE)  # `forward` sends it as ids
+        return upstream, asked
 
 
 class CompletionCapture(TurnCapture):

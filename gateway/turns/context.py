@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.admin.traffic import Traffic
-from gateway.backend import BackendPool
+from gateway.fleet.pool import BackendPool
 from gateway.store.records import Limits
 from gateway.store.status import Mode
+from gateway.turns.local_render import LocalRenders
 from gateway.turns.recording import Recorder
 
 
@@ -26,3 +27,5 @@ class TurnContext:
     rollout_keys: bool
     require_registered: bool
     max_body_bytes: int
+    local_render: LocalRenders
+    """Exact mode's renderers in the gateway's process (`--local-render`); the backend renders the rest."""

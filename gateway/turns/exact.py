@@ -1,7 +1,8 @@
 """Exact mode for chat completions: the prompt of a turn that extends an earlier one holds the model's earlier
 replies as the ids it sampled.
 
-render (vLLM's own rendering of the messages: the plain prompt) -> splice onto the parent turn's exact ids
+render (vLLM's own rendering of the messages: the plain prompt, by the backend or in the gateway with
+`--local-render`, `local_render.py`) -> splice onto the parent turn's exact ids
 (`gateway.turns.splice`) -> vLLM's chat endpoint, with that prompt given as ids. vLLM takes a chat request's
 prompt as ids from `kv_transfer_params.prompt_token_ids` (its decode-side reuse of a prefill's ids): it
 skips its own rendering and runs the rest of its chat path as for any call (sampling, its reasoning and tool
@@ -13,6 +14,7 @@ does for `echo` and for non-text content), the turn records why the splice did n
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -28,12 +30,23 @@ RENDER = "/v1/chat/completions/render"
 
 async def exact_prompt(ctx: TurnContext, capture: ChatCapture, body: dict[str, Any]) -> list[int]:
     """The turn's prompt: the plain render, spliced onto the parent's exact ids when the turn extends one."""
-    render_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    rendered = await post_json(ctx.backends, capture, render_body, RENDER)
-    plain = np.asarray(rendered["token_ids"], dtype=ID_DTYPE)
     record = capture.record
+    render_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+
+    async def backend_render() -> list[int]:
+        rendered = await post_json(ctx.backends, capture, render_body, RENDER)
+        return list(rendered["token_ids"])
+
+    # The store finds the parent during the render: the lookup costs the turn no time of its own.
+    looked_up = asyncio.ensure_future(ctx.recorder.parent_of(record.rollout_id, body["messages"]))
+    try:
+        rendered = await ctx.local_render.render(record.model, render_body, backend_render)
+    except BaseException:
+        looked_up.cancel()
+        raise
+    plain = np.asarray(rendered, dtype=ID_DTYPE)
     record.plain_prompt_ids = plain
-    parent = await ctx.recorder.parent_of(record.rollout_id, body["messages"])
+    parent = await looked_up
     if parent is None:
         record.splice = "render"
         prompt = plain

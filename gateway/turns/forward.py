@@ -17,8 +17,8 @@ import orjson
 from pydantic import BaseModel
 from starlette.responses import Response, StreamingResponse
 
-from gateway.backend import BackendReply, BackendStreamError
 from gateway.errors import ApiError, StoreUnavailable, backend_error_detail
+from gateway.fleet.replies import BackendReply, BackendStreamError
 from gateway.store.records import RolloutState, TurnRecord
 from gateway.store.status import Mode
 from gateway.turns.admission import Refusal, cap_reply, check_context_limit, check_turn_limit, limits_of
@@ -129,8 +129,10 @@ async def _turn(
     limits = limits_of(ctx, rollout)
     check_turn_limit(capture, rollout, limits)
     mode = (rollout.mode if rollout is not None else None) or ctx.mode
+    given = capture.sent_prompt  # the client's own prompt ids (`/chat/completions/tokens`)
     exact = (
         mode == Mode.EXACT
+        and given is None
         and isinstance(capture, ChatCapture)
         and await ctx.backends.exact_capable(capture.record.rollout_id, capture.record.model)
     )
@@ -140,6 +142,10 @@ async def _turn(
         with_prompt(upstream, prompt)
         if limits.max_context_tokens is not None:
             cap_reply(upstream, check_context_limit(len(prompt), limits.max_context_tokens))
+    elif given is not None:
+        with_prompt(upstream, given.tolist())
+        if limits.max_context_tokens is not None:
+            cap_reply(upstream, check_context_limit(len(given), limits.max_context_tokens))
     elif limits.max_context_tokens is not None:
         counted = await count_prompt(ctx, capture, call.body)
         cap_reply(upstream, check_context_limit(counted, limits.max_context_tokens))
@@ -201,7 +207,8 @@ async def _chunks(
                 raise StreamFailure(str(message) if message is not None else "backend stream failed")
             capture.feed(chunk)
             capture.strip(chunk, asked)
-            yield wire.chunk(chunk)
+            if not capture.carries_nothing(chunk, asked):
+                yield wire.chunk(chunk)
     except BackendStreamError as exc:
         raise StreamFailure(str(exc)) from exc
     except orjson.JSONDecodeError as exc:

@@ -7,8 +7,8 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from gateway.backend import BackendReply
 from gateway.errors import ApiError, store_failure
+from gateway.fleet.replies import BackendReply
 from gateway.store.records import StoreError
 from gateway.turns.capture import TurnCapture
 from gateway.turns.recording import Recorder

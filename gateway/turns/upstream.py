@@ -7,9 +7,10 @@ from typing import Any
 
 import orjson
 
-from gateway.backend import BackendFailure, BackendPool, BackendReply, BackendStreamError
 from gateway.encoding import dumps
 from gateway.errors import ApiError, backend_answer, backend_failure
+from gateway.fleet.pool import BackendPool
+from gateway.fleet.replies import BackendFailure, BackendReply, BackendStreamError
 from gateway.turns.capture import TurnCapture
 
 

@@ -10,7 +10,8 @@ from collections.abc import Iterable
 
 import orjson
 
-from gateway.backend import BackendFailure, BackendPool
+from gateway.fleet.pool import BackendPool
+from gateway.fleet.replies import BackendFailure
 
 _CONCURRENT = 16
 

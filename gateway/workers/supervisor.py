@@ -1,13 +1,11 @@
 """`gateway serve --workers N`: N processes accept on one port (uvicorn's supervisor starts them and restarts
-one that dies), write to one PostgreSQL store, and find each other through a private directory of unix
-sockets (`gateway.workers.peers`)."""
+one that dies) and share one PostgreSQL store, where they hold the fleet alike as replicas on other hosts do
+(`gateway.fleet.sync`)."""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -15,10 +13,11 @@ from fastapi import FastAPI
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
+from gateway.logs import configure_logging
 from gateway.settings import Settings
 
 _SPEC = "RL_GATEWAY_WORKER"
-"""How the supervisor hands its workers the command line's settings and the peers' directory."""
+"""How the supervisor hands its workers the command line's settings."""
 
 
 def serve(settings: Settings, flags: dict[str, Any], **server: Any) -> int:
@@ -28,19 +27,18 @@ def serve(settings: Settings, flags: dict[str, Any], **server: Any) -> int:
     from gateway.store.database import ensure_schema
 
     ensure_schema(settings.db)  # once, before the workers start
-    with tempfile.TemporaryDirectory(prefix="gateway-workers-") as directory:
-        os.environ[_SPEC] = json.dumps({"flags": flags, "peers": directory})
-        config = uvicorn.Config(
-            f"{__name__}:worker_app",
-            factory=True,
-            workers=settings.workers,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            **server,
-        )
-        supervisor = Multiprocess(config, sockets=[config.bind_socket()])
-        supervisor.run()
+    os.environ[_SPEC] = json.dumps(flags)
+    config = uvicorn.Config(
+        f"{__name__}:worker_app",
+        factory=True,
+        workers=settings.workers,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        **server,
+    )
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor.run()
     failed = any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes)
     return STARTUP_FAILURE if failed else 0
 
@@ -48,9 +46,7 @@ def serve(settings: Settings, flags: dict[str, Any], **server: Any) -> int:
 def worker_app() -> FastAPI:
     """One worker's app (uvicorn calls this in each worker process)."""
     from gateway.app import create_app
-    from gateway.cli import configure_logging
 
-    spec = json.loads(os.environ[_SPEC])
-    settings = Settings(**spec["flags"])
+    settings = Settings(**json.loads(os.environ[_SPEC]))
     configure_logging(settings)
-    return create_app(settings, peers_dir=Path(spec["peers"]))
+    return create_app(settings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fake_engine import FakeReply, chat_reply, chat_stream, error_reply
 
-from gateway.backend import BackendFailure
+from gateway.fleet.replies import BackendFailure
 
 pytestmark = pytest.mark.anyio
 
@@ -179,7 +179,7 @@ async def test_a_failing_engine_is_a_gateway_error_and_one_error_turn(gw, reply,
         code,
         message,
     )
-    assert "x-should-retry" not in answer.headers
+    assert answer.headers.get("x-should-retry") == ("true" if status == 503 else None)  # SDKs retry 5xx
     turns = (await gw.rollout("r1"))["turns"]
     assert [(t["status"], t["http_status"], t["error"]) for t in turns] == [("error", status, message)]
 
@@ -290,3 +290,21 @@ async def test_a_retry_count_is_recorded_as_the_attempt(gw):
     )
 
     assert (await gw.rollout("r1"))["turns"][0]["attempt"] == 2
+
+
+async def test_a_process_that_cannot_confirm_the_fleet_turns_agent_calls_away_with_a_503_to_retry(gw):
+    gw.app.state.gateway.traffic.confirmed = lambda: False  # as when its heartbeats have failed for a while
+
+    answer = await gw.chat("r1")
+
+    error = answer.json()["error"]
+    assert (answer.status_code, error["code"], answer.headers["x-should-retry"]) == (
+        503,
+        "store_unavailable",
+        "true",
+    )
+    assert (
+        error["message"] == "the gateway cannot reach its store to confirm the policy version; retry shortly"
+    )
+    assert gw.engine.requests == []  # no engine time spent, nothing stored
+    assert (await gw.client.get("/rollouts/r1")).status_code == 404

@@ -153,7 +153,7 @@ async def test_the_models_list_is_the_engines(gw):
 
 async def test_a_failing_admin_call_to_the_engines_is_a_502(gw):
     async def failing(path: str, **_: object) -> None:
-        from gateway.backend import BackendFailure
+        from gateway.fleet.replies import BackendFailure
 
         raise BackendFailure("failed", f"{path} failed on http://fake-engine: HTTP 500")
 

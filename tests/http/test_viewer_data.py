@@ -9,7 +9,7 @@ import re
 import pytest
 from fake_engine import chat_reply
 
-from gateway.backend import BackendFailure
+from gateway.fleet.replies import BackendFailure
 
 pytestmark = pytest.mark.anyio
 SVG_NAMESPACE = "http://www.w3.org/2000/svg"

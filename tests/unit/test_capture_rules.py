@@ -220,7 +220,7 @@ def test_whole_chat_reply_gives_one_record_with_ids_logprobs_and_reply():
 
 def chunk(
     delta: dict[str, Any],
-    token_ids: list[int],
+    token_ids: list[int] | None,
     logprobs: dict[str, Any] | None = None,
     *,
     index: int = 0,
@@ -461,3 +461,42 @@ def test_strip_nulls_a_completion_choices_prompt_ids_and_adds_no_keys():
             {"index": 1, "text": "b"},
         ]
     }
+
+
+def stripped(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    """A chunk as the agent would get it, stripped of the ids and logprobs the gateway asked for."""
+    return chunk(delta, None, finish_reason=finish_reason)
+
+
+NEITHER = Asked(token_ids=False, logprobs=False)
+
+
+def test_an_empty_delta_carries_nothing_for_an_agent_that_asked_for_neither_ids_nor_logprobs():
+    assert ChatCapture(record()).carries_nothing(stripped({}), NEITHER) is True
+
+
+def test_an_empty_delta_is_sent_to_an_agent_that_asked_for_ids_or_logprobs():
+    capture = ChatCapture(record())
+    assert capture.carries_nothing(stripped({}), Asked(token_ids=True, logprobs=False)) is False
+    assert capture.carries_nothing(stripped({}), Asked(token_ids=False, logprobs=True)) is False
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        stripped({"role": "assistant", "content": ""}),
+        stripped({"content": "a"}),
+        stripped({"reasoning": "b"}),
+        stripped({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}),
+        stripped({}, finish_reason="stop"),
+        {"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": {"completion_tokens": 3}},
+    ],
+    ids=["role", "content", "reasoning", "tool_call", "finish", "usage"],
+)
+def test_a_chunk_with_a_delta_a_finish_or_usage_is_sent(sent: dict[str, Any]):
+    assert ChatCapture(record()).carries_nothing(sent, NEITHER) is False
+
+
+def test_a_completion_chunk_is_always_sent():
+    empty_text = {"choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": None}]}
+    assert CompletionCapture(record("completions")).carries_nothing(empty_text, NEITHER) is False

@@ -15,7 +15,6 @@ writes the weights, talks to the gateway and commits the step once every rank is
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,17 +22,33 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from gateway.store.groups import SampleOptions
+from gateway.store.scores import ScoreFilter
 from trainer_client.batch import Batch
 from trainer_client.client import TrainerClient
 from trainer_client.distributed import DistributedClaims, Shard, sum_gradients
-from trainer_client.loss import grpo_loss
+from trainer_client.loss import distillation_advantages, grpo_loss
+from trainer_client.scoring import Scorer, TeacherServer
 from trainer_client.sync import GatewayAdmin
+from trainer_client.weights import save_weights
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """On-policy distillation: the teacher scores every sampled token of the rollouts as they land, and the
+    advantage of each token is `kl_weight * (teacher logprob - sampling logprob)` plus `grpo_weight` times
+    its GRPO advantage (`trainer_client.loss.distillation_advantages`)."""
+
+    teacher_url: str
+    model: str
+    """The teacher's served model name: its scores are stored under it."""
+    kl_weight: float = 1.0
+    grpo_weight: float = 0.0
+    api_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,8 @@ class TrainerConfig:
     """Run as one rank of the default torch.distributed process group (which the caller set up: torchrun,
     `init_process_group`), every rank with the same config. Only rank 0 reads the store, writes the weights
     and calls the gateway."""
+    distill: Distillation | None = None
+    """Train toward a teacher's logprobs (alone, or mixed with the reward) instead of the reward alone."""
 
 
 @dataclass(frozen=True)
@@ -89,11 +106,15 @@ class StepReport:
     sync_s: float
     shard_tokens: tuple[int, ...] = ()
     """Data parallel: the tokens of each rank's shard, by rank (empty on one process)."""
+    teacher_kl: float | None = None
+    """Distillation: the mean per-token reverse KL of the step's samples to the teacher."""
 
     def line(self) -> str:
         ranks = f"  ranks {'/'.join(map(str, self.shard_tokens))} tokens" if self.shard_tokens else ""
+        teacher = f"teacher kl {self.teacher_kl:.4f}  " if self.teacher_kl is not None else ""
         return (
-            f"step {self.step:>3}  v{self.version:<3} reward {self.reward_mean:.4f}  loss {self.loss:+.4f}  "
+            f"step {self.step:>3}  v{self.version:<3} reward {self.reward_mean:.4f}  {teacher}"
+            f"loss {self.loss:+.4f}  "
             f"kl {self.approx_kl:.5f}  clip {self.clip_fraction:.3f}  {self.rollouts} rollouts "
             f"{self.loss_tokens} tokens  {self.tokens_per_s:,.0f} tok/s  stale {self.skipped_stale}  "
             f"wait {self.wait_s:.1f}s train {self.train_s:.2f}s sync {self.sync_s:.2f}s{ranks}"
@@ -113,6 +134,7 @@ class GRPOTrainer:
         self._client = TrainerClient(config.db) if self.rank == 0 else None
         self._admin = GatewayAdmin(config.gateway_url, config.admin_token) if self.rank == 0 else None
         self.version = int(self.admin.state()["policy_version"]) if self.rank == 0 else 0
+        self.scorer = self._distillation_scorer() if self.rank == 0 else None
         self.claims: DistributedClaims | None = None
         if config.data_parallel:
             self.claims = DistributedClaims(self._client, config.trainer_id, lease=config.lease)
@@ -162,12 +184,14 @@ class GRPOTrainer:
         synced = time.monotonic()
         train_s = trained - started - waited
         tokens = int(metrics.pop("loss_tokens"))
+        summary = batch.metrics()
         return StepReport(
             step=step,
             version=self.version,
             rollouts=len(batch.rollout_ids),
             samples=len(batch),
-            reward_mean=batch.metrics()["reward_mean"],
+            reward_mean=summary["reward_mean"],
+            teacher_kl=summary.get("teacher_kl"),
             loss=metrics["loss"],
             approx_kl=metrics["approx_kl"],
             clip_fraction=metrics["clip_fraction"],
@@ -206,6 +230,7 @@ class GRPOTrainer:
             rollouts=int(shard.metrics["rollouts"]),
             samples=shard.samples,
             reward_mean=shard.metrics["reward_mean"],
+            teacher_kl=shard.metrics.get("teacher_kl"),
             loss=metrics["loss"],
             approx_kl=metrics["approx_kl"],
             clip_fraction=metrics["clip_fraction"],
@@ -236,11 +261,16 @@ class GRPOTrainer:
                 raise RuntimeError("stopped waiting for groups: the rollout workers are gone")
             if batches:
                 self.client.renew(config.trainer_id, step, config.lease)
+            if self.scorer is not None:
+                # a group is served once the teacher has scored it: the newest first, so that the groups
+                # this step can train on are scored however many stale ones wait
+                self.scorer.score(ScoreFilter(newest_groups=config.groups_per_step - have))
             options = SampleOptions(
                 current_version=self.version,
                 max_staleness=config.max_staleness,
                 max_groups=config.groups_per_step - have,
                 include_errors=config.include_errors,
+                teacher=config.distill.model if config.distill else None,
             )
             batch = self.client.claim(config.trainer_id, step, options, lease=config.lease)
             if any(batch.counts.values()):
@@ -296,7 +326,14 @@ class GRPOTrainer:
         }
 
     def loss(self, tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped GRPO loss against the engine's sampling logprobs, less the entropy bonus."""
+        """The clipped GRPO loss against the engine's sampling logprobs, less the entropy bonus; with
+        distillation, its advantages are toward the teacher."""
+        distill = self.config.distill
+        if distill is not None:
+            advantages = distillation_advantages(
+                tensors, kl_weight=distill.kl_weight, grpo_weight=distill.grpo_weight
+            )
+            tensors = {**tensors, "advantages": advantages}
         bonus = self.config.entropy_bonus
         logprobs, entropy = token_logprobs(
             self.model, tensors["input_ids"], tensors["attention_mask"], entropy=bonus > 0
@@ -322,7 +359,20 @@ class GRPOTrainer:
             self.admin.reload_weights()
         self.version = version
 
+    def _distillation_scorer(self) -> Scorer | None:
+        """The teacher's scorer, its tokenizer checked against the gateway's first server."""
+        distill = self.config.distill
+        if distill is None:
+            return None
+        teacher = TeacherServer(distill.teacher_url, distill.model, api_key=distill.api_key)
+        scorer = Scorer(self.config.db, teacher)
+        scorer.check(self.admin.state()["backends"][0]["url"])
+        return scorer
+
     def close(self) -> None:
+        if self.scorer is not None:
+            self.scorer.close()
+            self.scorer.teacher.close()
         if self._client is not None:
             self._client.close()
         if self._admin is not None:
@@ -341,15 +391,6 @@ def token_logprobs(
     if not entropy:
         return picked, None
     return picked, torch.nn.functional.pad(-(every.exp() * every).sum(-1), (1, 0))
-
-
-def save_weights(model: torch.nn.Module, model_dir: Path) -> None:
-    """Replace `model.safetensors` in one rename, so that a reader never sees half a file."""
-    state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
-    target = Path(model_dir) / "model.safetensors"
-    partial = target.with_suffix(".safetensors.partial")
-    save_file(state, str(partial), metadata={"format": "pt"})
-    os.replace(partial, target)
 
 
 def _warn_if_taken(step: int, kept: int, rollouts: int) -> None:

@@ -1,0 +1,91 @@
+"""Which server each rollout's calls go to: its pin while that server can serve, else a new one, chosen by
+load (`gateway.fleet.routing`) and agreed through the store (`gateway.store.pins`), so that every gateway
+process sends a rollout's calls to the same server (its prefix cache holds the rollout's history). The load
+a new pin is chosen by is the store's count of running rollouts on each server, taken in the transaction
+that pins it: the rollouts of a group starting together, through any processes, see each other and spread
+within the bound."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from dataclasses import replace
+
+from gateway.fleet.replies import BackendFailure
+from gateway.fleet.routing import choose, usable
+from gateway.fleet.servers import Server
+from gateway.store.pins import Pick, Pin
+
+PinStore = Callable[[str, Pick, Collection[str]], Awaitable[Pin]]
+"""(rollout id, the choice of a server by the store's counts, servers that can keep a rollout) -> its pin:
+the store's compare-and-set of pins (`Store.pin`)."""
+
+_PINS_KEPT = 100_000
+"""Pins remembered in memory (the store holds them all)."""
+
+
+class Placement:
+    def __init__(self, servers: dict[str, Server]) -> None:
+        self.servers = servers
+        self.pin_store: PinStore | None = None
+        """Set by the app to share pins through the store; without it pins live in this process only."""
+        self._pins: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        """Rollout -> (its server, whether this process placed it there: those it adds to `pinned` until a
+        heartbeat brings the store's count, `gateway.fleet.sync`)."""
+
+    async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
+        """The rollout's server, and the server it left if it moved. A model no server lists goes where any
+        model goes: the server's own answer (a 404) is the agent's."""
+        if model is not None and not any(model in s.models for s in self.servers.values()):
+            model = None
+        pinned = self._pins.get(rollout_id)
+        server = self.servers.get(pinned[0]) if pinned is not None else None
+        if server is not None and usable(server, model):
+            self._pins.move_to_end(rollout_id)
+            return server, None
+        candidate = choose(self.servers.values(), rollout_id, model)
+        if candidate is None:
+            raise BackendFailure("unreachable", _none_for(model, self.servers.values()))
+        keep = [s.url for s in self.servers.values() if usable(s, model)]
+        if self.pin_store is None:
+            url, left, placed = candidate.url, pinned[0] if pinned else None, True
+        else:
+            servers = list(self.servers.values())
+
+            def pick(counts: dict[str, int]) -> str:
+                """The choice by the store's counts (in the store's writer thread, in its transaction)."""
+                loaded = [replace(s, pinned=counts.get(s.url, 0)) for s in servers]
+                return (choose(loaded, rollout_id, model) or candidate).url
+
+            url, left, placed = await self.pin_store(rollout_id, pick, keep)
+        server = self.servers.get(url, candidate)
+        self._remember(rollout_id, server.url, placed)
+        return server, left if left != server.url else None
+
+    def _remember(self, rollout_id: str, url: str, placed: bool) -> None:
+        known = self._pins.get(rollout_id)
+        if known is not None and known[0] == url:  # two calls of one rollout placed it at once: count it once
+            if placed and not known[1]:
+                self._pins[rollout_id] = (url, True)
+                self.servers[url].pinned += 1
+            self._pins.move_to_end(rollout_id)
+            return
+        self.forget(rollout_id)
+        self._pins[rollout_id] = (url, placed)
+        if placed:
+            self.servers[url].pinned += 1
+        if len(self._pins) > _PINS_KEPT:
+            self.forget(next(iter(self._pins)))
+
+    def forget(self, rollout_id: str) -> None:
+        """The rollout is over (or moved): it no longer counts on its server."""
+        pin = self._pins.pop(rollout_id, None)
+        if pin is not None and pin[1] and pin[0] in self.servers:
+            self.servers[pin[0]].pinned -= 1
+
+
+def _none_for(model: str | None, servers: Iterable[Server]) -> str:
+    listed = ", ".join(
+        f"{s.url} ({'draining' if s.draining else 'healthy' if s.healthy else 'ejected'})" for s in servers
+    )
+    return f"no healthy backend takes new rollouts for model {model!r}: {listed}"

@@ -1,0 +1,255 @@
+"""The vLLM servers behind the gateway: one pooled aiohttp session, the servers as this process holds them
+(`gateway.fleet.apply` keeps them as the fleet's state says), and each call sent to its rollout's server
+(`gateway.fleet.placement`).
+
+aiohttp rather than httpx on this path: it costs a fraction of httpx's per-request overhead (measured in
+bench/gateway_overhead.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import aiohttp
+
+from gateway.fleet import health
+from gateway.fleet.placement import Placement
+from gateway.fleet.replies import BackendFailure, BackendReply, Routed
+from gateway.fleet.routing import usable
+from gateway.fleet.servers import Server
+from gateway.fleet.weights import FleetWeights
+
+log = logging.getLogger(__name__)
+
+_UNWRITTEN = "Can not write request body"
+"""How aiohttp words a request whose body could not be sent: the server cannot have acted on it."""
+
+
+class ServerLost(aiohttp.ClientConnectionError):
+    """A server dropped a call and then refused a new connection: it went away, maybe with the call."""
+
+
+class BackendPool:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        timeout: float,
+        connect_timeout: float,
+        max_connections: int,
+        api_key: str | None = None,
+        eject_after: int = 2,
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one backend URL is required")
+        self.servers: dict[str, Server] = {}
+        for url in urls:
+            self.add(url, healthy=True)
+        self.placement = Placement(self.servers)
+        self.weights = FleetWeights()
+        self.eject_after = eject_after
+        """Failed health checks in a row before a server takes no more calls."""
+        self.ejected: Callable[[Server], None] = lambda _server: None
+        """Called when a call finds a server unreachable (`gateway.fleet.sync` tells every process)."""
+        self._session = aiohttp.ClientSession(
+            # Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are
+            # reused.
+            connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=4.0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout),
+            # The gateway's own credentials (vLLM's --api-key); an agent's are never forwarded.
+            headers={"authorization": f"Bearer {api_key}"} if api_key else None,
+        )
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self.servers)
+
+    def add(self, url: str, *, healthy: bool = False) -> Server:
+        """A server this process holds; one added at run time takes calls once a health check has passed."""
+        url = url.rstrip("/")
+        server = self.servers.get(url)
+        if server is None:
+            server = self.servers[url] = Server(url, healthy=healthy, added_at=time.time())
+            log.info("backend %s added", url)
+        return server
+
+    def remove(self, url: str) -> None:
+        """The server leaves: its rollouts move to others on their next call (calls in flight finish)."""
+        if self.servers.pop(url, None) is not None:
+            log.info("backend %s removed", url)
+
+    # -- calls ----------------------------------------------------------------------------------------------
+
+    async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
+        return await self.placement.route(rollout_id, model)
+
+    def forget(self, rollout_id: str) -> None:
+        self.placement.forget(rollout_id)
+
+    async def send(self, rollout_id: str, path: str, body: bytes, model: str | None = None) -> Routed:
+        """POST to the rollout's server; a server that refuses the connection is ejected and the rollout moves
+        to another one (the request never reached it).
+
+        Raises BackendFailure: unreachable when no server accepts a connection, timeout, or failed.
+        """
+        moved_from: str | None = None
+        last_error: Exception | None = None
+        for _ in range(len(self.servers)):
+            server, left = await self.route(rollout_id, model)
+            moved_from = moved_from or left
+            started = time.monotonic()
+            server.in_flight += 1
+            server.requests += 1
+            try:
+                response = await self._post(
+                    server.url + path, data=body, headers={"content-type": "application/json"}
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                self._failed(server)
+                self._eject(server, f"connection failed: {exc!r}")
+                last_error, moved_from = exc, moved_from or server.url
+                continue
+            except ServerLost as exc:
+                self._failed(server)
+                self._eject(server, f"went away: {exc.__cause__!r}")
+                raise BackendFailure(
+                    "failed", f"backend {server.url} went away: {exc!r}", server.url
+                ) from exc
+            except TimeoutError as exc:
+                self._failed(server)
+                raise BackendFailure("timeout", f"backend {server.url} timed out", server.url) from exc
+            except aiohttp.ClientError as exc:
+                self._failed(server)
+                raise BackendFailure("failed", f"backend {server.url} failed: {exc!r}", server.url) from exc
+            server.took(time.monotonic() - started)
+            if response.status >= 500:
+                server.errors += 1
+            return Routed(server.url, BackendReply(response, partial(_left, server)), moved_from)
+        message = f"no backend reachable ({', '.join(self.servers)}): {last_error!r}"
+        raise BackendFailure("unreachable", message) from last_error
+
+    def _failed(self, server: Server) -> None:
+        server.in_flight -= 1
+        server.errors += 1
+
+    def _eject(self, server: Server, why: str) -> None:
+        if server.healthy:
+            log.warning("backend %s ejected: %s", server.url, why)
+            server.healthy = False
+            self.ejected(server)
+
+    async def _post(self, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """POST, once more if the server closed the connection before answering or before the body was
+        written. The usual cause is a pooled idle connection the server closed just as it was reused (the
+        request never got through). A server that really went away refuses the second attempt: it may have
+        died with the call at work, so the call fails (ServerLost) rather than moving to another server,
+        whether the kill reached the client as a close or a reset."""
+        try:
+            return await self._session.post(url, **kwargs)
+        except aiohttp.ServerDisconnectedError:
+            return await self._post_again(url, **kwargs)
+        except aiohttp.ClientOSError as exc:
+            if not str(exc.strerror).startswith(_UNWRITTEN):
+                raise
+            return await self._post_again(url, **kwargs)
+
+    async def _post_again(self, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        try:
+            return await self._session.post(url, **kwargs)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise ServerLost(f"{url} closed a call's connection, then refused a new one") from exc
+
+    async def call_one(self, url: str, body: object, params: dict[str, str] | None = None) -> str | None:
+        """POST to one server; what went wrong, or None."""
+        try:
+            response = await self._post(url, params=params, json=body)
+            async with response:
+                if response.status != 200:
+                    return f"{url}: HTTP {response.status} {(await response.text())[:200]}"
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return f"{url}: {exc!r}"
+        return None
+
+    async def call_all(
+        self,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: object = None,
+        done: Callable[[Server], None] = lambda _server: None,
+    ) -> None:
+        """POST to every healthy backend (pause, resume, weights), `done` with each that took it; 502 names
+        the ones that failed."""
+        failures = []
+        for server in list(self.servers.values()):
+            if not server.healthy:
+                continue
+            failure = await self.call_one(server.url + path, json, params)
+            if failure is None:
+                done(server)
+            else:
+                failures.append(failure)
+        if failures:
+            raise BackendFailure("failed", f"{path} failed on " + "; ".join(failures))
+
+    async def post_any(self, path: str, body: object, model: str | None) -> tuple[int, bytes]:
+        """POST to any healthy server that serves `model`, without routing a rollout (reads such as
+        `/detokenize`); the first server that answers does."""
+        last_error: Exception | None = None
+        for server in [s for s in self.servers.values() if usable(s, model)]:
+            try:
+                async with self._session.post(server.url + path, json=body) as response:
+                    return response.status, await response.read()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                last_error = exc
+        raise BackendFailure("unreachable", f"no backend serving {model!r} reachable: {last_error!r}")
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        last_error: Exception | None = None
+        for server in sorted(self.servers.values(), key=lambda s: not s.healthy):
+            try:
+                async with self._session.get(server.url + path) as response:
+                    return response.status, await response.read()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                last_error = exc
+        raise BackendFailure("unreachable", f"no backend reachable: {last_error!r}") from last_error
+
+    # -- what the servers can do ----------------------------------------------------------------------------
+
+    async def check(self, server: Server) -> health.Found:
+        """One health check of `server` (`gateway.fleet.health`): what the fleet's state should say of it."""
+        return await health.check(self._session, server, self.weights, self.eject_after, self.call_one)
+
+    async def probe_scale_out(self, url: str) -> bool | None:
+        """Ask a backend for a render: 200 means exact mode works there; None if it cannot be reached."""
+        body = {"messages": [{"role": "user", "content": "ping"}]}
+        try:
+            async with self._session.post(url + "/v1/chat/completions/render", json=body) as response:
+                capable = response.status == 200
+        except (TimeoutError, aiohttp.ClientError):
+            return None
+        if url in self.servers:
+            self.servers[url].scale_out = capable
+        return capable
+
+    async def exact_capable(self, rollout_id: str, model: str | None = None) -> bool:
+        server, _ = await self.route(rollout_id, model)
+        known = server.scale_out
+        if known is None:
+            known = await self.probe_scale_out(server.url)
+            if known is False:
+                log.warning(
+                    "backend %s lacks --enable-scale-out: exact-mode turns run in pass-through", server.url
+                )
+        return bool(known)
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+def _left(server: Server) -> None:
+    server.in_flight -= 1

@@ -1,0 +1,68 @@
+"""What the servers answer, as the turn path reads it: a reply streamed or whole, the server that gave it, and
+the failures the gateway maps to HTTP errors (`gateway.errors`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import NamedTuple
+
+import aiohttp
+
+
+class BackendStreamError(Exception):
+    """The backend's reply broke off while it was being read."""
+
+
+class BackendFailure(Exception):
+    """No answer from the backends: `kind` is timeout, unreachable or failed (`gateway.errors` maps it to
+    HTTP)."""
+
+    def __init__(self, kind: str, message: str, url: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.url = url
+        """The server that failed, when one was reached."""
+
+
+class BackendReply:
+    def __init__(self, response: aiohttp.ClientResponse, on_done: Callable[[], None] = lambda: None) -> None:
+        self._response = response
+        self.status = response.status
+        self._on_done: Callable[[], None] | None = on_done
+
+    async def body(self) -> bytes:
+        try:
+            return await self._response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise BackendStreamError(f"backend reply broke off: {exc!r}") from exc
+        finally:
+            self._response.release()
+            self._done()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise BackendStreamError(f"backend stream broke off: {exc!r}") from exc
+        finally:
+            self._done()
+
+    def close(self) -> None:
+        """Drop the connection if the reply was not read to the end (vLLM then aborts the request)."""
+        self._response.close()
+        self._done()
+
+    def _done(self) -> None:
+        """The call no longer loads its server (counted once)."""
+        done, self._on_done = self._on_done, None
+        if done is not None:
+            done()
+
+
+class Routed(NamedTuple):
+    url: str
+    reply: BackendReply
+    repinned_from: str | None
+    """The server the rollout was moved off for this call (failed, drained away or removed), if any."""

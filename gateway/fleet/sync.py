@@ -1,0 +1,271 @@
+"""One gateway on many processes and hosts: the fleet's state lives in PostgreSQL, every process follows it.
+
+An admin change is one transaction on the store's `fleet` rows (`gateway.store.fleet.change`), announced with
+NOTIFY; the process that made it waits until every live process has applied it. Each process LISTENs, and
+heartbeats once a `--heartbeat-interval` (twenty times a second while paused, so that a pause sees calls end
+at once): the heartbeat records its calls in flight, loads and metrics, reads the fleet's epoch, and applies a
+newer fleet, so a missed notification costs latency, never correctness. A process whose heartbeat is older
+than `--process-timeout` is dead: no change waits for it, and GET /admin/state says so.
+
+A process that cannot reach the store for half that timeout stops admitting agent calls (503, retry): it can
+no longer confirm the policy version, and the change that replaced it may already have been acknowledged
+without it. It serves again by itself once a heartbeat goes through.
+
+On SQLite the gateway is one process: its changes apply here, with nothing to follow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy.engine import Engine, make_url
+
+from gateway.fleet import health
+from gateway.fleet.apply import adopt, fleet_of
+from gateway.fleet.records import FleetState, ProcessReport, ProcessRow, ServerLoad
+from gateway.metrics import samples
+from gateway.store import fleet as stored
+from gateway.store.database import is_sqlite, normalize_url
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from gateway.state import GatewayState
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_PAUSED_BEAT = 0.05
+"""Seconds between heartbeats while paused."""
+_POLL = 0.02
+"""Seconds between reads of the processes while waiting for them."""
+_LEAD_LOCK = 0x726C_1EAD
+"""Advisory lock the leading process holds on its listening connection (released if it dies), with its
+schema's hash as the second key (`gateway.store.fleet`)."""
+
+
+class FleetSync:
+    def __init__(self, state: GatewayState) -> None:
+        settings = state.settings
+        self._state = state
+        self._engine: Engine = state.store.engine
+        self.shared = not is_sqlite(settings.db)
+        """Whether the fleet lives in the store (PostgreSQL), followed by every process."""
+        self.interval = settings.heartbeat_interval
+        self.timeout = settings.process_timeout
+        self.process: dict[str, Any] = {
+            "process_id": f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "port": settings.port,
+        }
+        self.held = fleet_of(state)
+        self.leads = not self.shared
+        """Whether this process checks the servers' health for the gateway (one process does)."""
+        self._confirmed = -math.inf
+        """When this process last began a heartbeat (or its registration) that went through: the store's
+        record of it is no older, so this process stops serving before any other takes it for dead."""
+        self._metrics_at = 0.0
+        self._beating = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def process_id(self) -> str:
+        return str(self.process["process_id"])
+
+    async def start(self, *, watch: bool = True) -> None:
+        """Register, take the fleet (the stored one, unless no other process is alive), and follow it; with
+        `watch`, check the servers' health whenever this process leads."""
+        self._state.backends.ejected = lambda server: self.keep(health.ejected(self, server))
+        self._state.traffic.confirmed = self.confirmed
+        if watch:
+            self.keep(health.watch(self, self._state))
+        if not self.shared:
+            return
+        began = time.monotonic()
+        fleet = await self._run(stored.register, self.process, self.held, self._report(), self.timeout)
+        self.take(fleet)
+        self._confirmed = began
+        log.info(
+            "process %s joined the gateway at fleet epoch %d (policy version %s%s)",
+            self.process_id,
+            fleet.epoch,
+            fleet.policy_version,
+            ", paused" if fleet.paused else "",
+        )
+        self.keep(self._follow())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.shared:
+            try:
+                await self._run(stored.leave, self.process_id)
+            except Exception as exc:  # a process leaving a lost store is already counted dead
+                log.warning("process %s could not deregister: %r", self.process_id, exc)
+
+    # -- changes ------------------------------------------------------------------------------------------
+
+    async def change(self, edit: Callable[[FleetState], None], *, wait: bool = True) -> FleetState:
+        """Make the next fleet (`edit` applied to the current one) and, with `wait`, return once every live
+        process holds it. `edit` raises to refuse the change (KeyError, ValueError), which then changes
+        nothing; an edit that changes nothing makes no new fleet."""
+        if not self.shared:
+            fleet = self.held.model_copy(deep=True)
+            edit(fleet)
+            if fleet != self.held:
+                fleet.epoch = self.held.epoch + 1
+                self.take(fleet)
+            return self.held
+        fleet = await self._run(stored.change, edit, self.process_id)
+        self.take(fleet)
+        if wait:
+            await self._beat()
+            await self._acknowledged(fleet.epoch)
+        return fleet
+
+    async def _acknowledged(self, epoch: int) -> None:
+        def holds(rows: list[ProcessRow]) -> bool:
+            return all(row.applied_epoch >= epoch for row in rows)
+
+        if not await self.until(holds, self.timeout):
+            late = [row.process_id for row in await self.alive() if row.applied_epoch < epoch]
+            log.warning("fleet epoch %d: processes %s did not apply it in %.0f s", epoch, late, self.timeout)
+
+    # -- the processes ------------------------------------------------------------------------------------
+
+    async def processes(self) -> list[ProcessRow]:
+        """Every registered process, this one first with its numbers as they are now."""
+        mine = ProcessRow(**self._report().model_dump(), **self.process, started_at=0.0, heartbeat_age=0.0)
+        if not self.shared:
+            return [mine]
+        rows = await self._run(stored.processes)
+        started = next((row.started_at for row in rows if row.process_id == self.process_id), 0.0)
+        others = [row for row in rows if row.process_id != self.process_id]
+        return [mine.model_copy(update={"started_at": started}), *others]
+
+    async def alive(self) -> list[ProcessRow]:
+        return [row for row in await self.processes() if row.heartbeat_age < self.timeout]
+
+    async def until(self, done: Callable[[list[ProcessRow]], bool], timeout: float) -> bool:
+        """Wait until `done` holds of the live processes; False if it still does not after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while not done(await self.alive()):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_POLL)
+        return True
+
+    def confirmed(self) -> bool:
+        """Whether this process has confirmed the fleet with the store recently enough to serve."""
+        return not self.shared or time.monotonic() - self._confirmed < self.timeout / 2
+
+    # -- following ------------------------------------------------------------------------------------------
+
+    async def _follow(self) -> None:
+        import psycopg  # the postgres extra's: a SQLite gateway has nothing to follow
+
+        conninfo = make_url(normalize_url(self._state.settings.db)).set(drivername="postgresql")
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    conninfo.render_as_string(hide_password=False), autocommit=True, connect_timeout=5
+                ) as conn:
+                    await conn.execute(f"LISTEN {stored.CHANNEL}")
+                    while True:
+                        await self._beat()
+                        await self._lead(conn)
+                        wait = _PAUSED_BEAT if self.held.paused else self.interval
+                        async for _ in conn.notifies(timeout=wait, stop_after=1):
+                            pass
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # whatever broke the way to the store, try again
+                if self.leads:
+                    log.warning("process %s no longer leads", self.process_id)
+                self.leads = False
+                log.warning("process %s lost the store (%r): retrying", self.process_id, exc)
+                await asyncio.sleep(min(self.interval, 1.0))
+
+    async def _beat(self) -> None:
+        async with self._beating:
+            began = time.monotonic()
+            try:
+                epoch, pinned = await self._run(stored.beat, self.process_id, self._report(metrics=True))
+            except LookupError:  # its row was taken for dead and deleted: it joins again
+                fleet = await self._run(
+                    stored.register, self.process, self.held, self._report(), self.timeout
+                )
+                self.take(fleet)
+                epoch, pinned = fleet.epoch, {}
+            if epoch > self.held.epoch:
+                self.take(await self._run(stored.read_fleet))
+                await self._run(stored.beat, self.process_id, self._report())
+            for server in self._state.backends.servers.values():
+                server.pinned = pinned.get(server.url, 0)
+            self._confirmed = began
+
+    async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self.leads:
+            return
+        cursor = await conn.execute(
+            "SELECT pg_try_advisory_lock(%s, hashtext(current_schema()))", (_LEAD_LOCK,)
+        )
+        row = await cursor.fetchone()
+        if row is not None and row[0]:
+            self.leads = True
+            log.info("process %s leads: it checks the servers' health for the gateway", self.process_id)
+
+    def take(self, fleet: FleetState | None) -> None:
+        """Hold `fleet` unless this process already holds a newer one."""
+        if fleet is None or fleet.epoch <= self.held.epoch:
+            return
+        self.held = fleet
+        adopt(self._state, fleet)
+
+    def _report(self, *, metrics: bool = False) -> ProcessReport:
+        state = self._state
+        send_metrics = metrics and time.monotonic() - self._metrics_at >= self.interval
+        if send_metrics:
+            self._metrics_at = time.monotonic()
+            state.metrics.commits.set(state.store.commits)
+        return ProcessReport(
+            applied_epoch=self.held.epoch,
+            in_flight=state.traffic.in_flight,
+            waiting=state.traffic.waiting,
+            ended=state.traffic.ended,
+            loads={
+                s.url: ServerLoad(in_flight=s.in_flight, requests=s.requests, errors=s.errors)
+                for s in state.backends.servers.values()
+            },
+            metrics=samples(state.metrics.registry) if send_metrics else None,
+        )
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(conn, *args)` in one transaction, in a thread."""
+
+        def run() -> T:
+            with self._engine.begin() as conn:
+                return fn(conn, *args)
+
+        return await asyncio.to_thread(run)
+
+    def keep(self, work: Any) -> None:
+        """Run `work` in the background, held until done (closing cancels it)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("fleet work in the background failed: %r", task.exception())

@@ -1,0 +1,13 @@
+"""The gateway's log lines: one format for every process (the command line's and each worker's)."""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.settings import Settings
+
+
+def configure_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )

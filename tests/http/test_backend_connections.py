@@ -1,0 +1,138 @@
+"""How the pool's calls meet a server's connections (`gateway.fleet.pool`): an idle kept-alive connection the
+server closed is retried on the same server; a server that dies with a call at work fails that call (it is
+never re-run elsewhere, whether the kill reaches the gateway as a close or a reset) and is ejected (at once,
+or by the next call that finds it gone), and the rollout's next call moves. The servers are raw sockets, to
+die at an exact point of the exchange."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from gateway.fleet.pool import BackendPool
+from gateway.fleet.replies import BackendFailure
+
+pytestmark = pytest.mark.anyio
+ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, asyncio.Server], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    return head + await reader.readexactly(length)
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    """`await serve(handler)`: the URL of a server on a free port whose every connection `handler` takes."""
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: Handler) -> str:
+        async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await handler(reader, writer, server)
+
+        server = await asyncio.start_server(connected, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+async def answers(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _server: asyncio.Server
+) -> None:
+    """A server that answers every request on a connection."""
+    try:
+        while True:
+            await read_request(reader)
+            writer.write(ANSWER)
+            await writer.drain()
+    except asyncio.IncompleteReadError:
+        writer.close()
+
+
+def dies_at_work(reset: bool) -> Handler:
+    """A server killed with a request at work: it stops listening and drops the connection, or resets it."""
+
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
+    ) -> None:
+        await read_request(reader)
+        server.close()
+        if reset:  # no lingering: the kernel answers the close with a reset
+            writer.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )
+        writer.close()
+
+    return handle
+
+
+@pytest.fixture
+async def pool_of() -> AsyncIterator[Callable[..., BackendPool]]:
+    pools: list[BackendPool] = []
+
+    def make(*urls: str) -> BackendPool:
+        pools.append(BackendPool(list(urls), timeout=5, connect_timeout=1, max_connections=4))
+        return pools[-1]
+
+    yield make
+    for pool in pools:
+        await pool.close()
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_a_server_that_dies_with_a_call_at_work_fails_that_call_is_ejected_and_the_rollout_moves(
+    serve, pool_of, reset
+):
+    dying = await serve(dies_at_work(reset))
+    survivor = await serve(answers)
+    pool = pool_of(dying, survivor)
+    pool.servers[survivor].pinned = 1  # the new rollout goes to the dying server, the least loaded
+
+    with pytest.raises(BackendFailure) as failed:
+        await pool.send("r", "/v1/chat/completions", b"{}")
+    moved = await pool.send("r", "/v1/chat/completions", b"{}")
+    await moved.reply.body()
+
+    assert (failed.value.kind, failed.value.url) == ("failed", dying)
+    assert (moved.url, moved.repinned_from) == (survivor, dying)
+    assert [(s.healthy, s.in_flight) for s in pool.servers.values()] == [(False, 0), (True, 0)]
+    assert pool.servers[survivor].requests == 1  # the failed call was not re-run there
+
+
+async def test_an_idle_connection_the_server_closed_is_retried_on_the_same_server(serve, pool_of):
+    calls = 0
+
+    async def closes_its_first_connection_once_idle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
+    ) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # answers, then closes the kept-alive connection as the next request arrives
+            await read_request(reader)
+            writer.write(ANSWER)
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
+            writer.close()
+            return
+        await answers(reader, writer, server)
+
+    url = await serve(closes_its_first_connection_once_idle)
+    pool = pool_of(url)
+
+    for _ in range(2):
+        routed = await pool.send("r", "/v1/chat/completions", b"{}")
+        assert await routed.reply.body() == b"{}"
+
+    assert calls == 2
+    assert (pool.servers[url].healthy, pool.servers[url].errors, routed.repinned_from) == (True, 0, None)

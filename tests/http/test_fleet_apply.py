@@ -1,0 +1,161 @@
+"""How a gateway process holds the fleet's state (`gateway.fleet.sync`): each server's health, models and
+weights, the servers, the pause and the policy version are the fleet's, an older state arriving late changes
+nothing, health checks' findings become the fleet's, and the leading process publishes the servers a
+`--backend-file` lists."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+
+from gateway.app import create_app
+from gateway.fleet.health import Found, found, listed
+from gateway.fleet.pool import BackendPool
+from gateway.fleet.records import FleetState, ServerEntry
+from gateway.fleet.weights import FleetWeights
+from gateway.settings import Settings
+from gateway.state import GatewayState
+from gateway.store.store import Store
+
+pytestmark = pytest.mark.anyio
+A, B, C = "http://vllm-a:8000", "http://vllm-b:8000", "http://vllm-c:8000"
+
+
+@pytest.fixture
+async def start_worker(
+    tmp_path: Path, empty_store: Path
+) -> AsyncIterator[Callable[..., Awaitable[GatewayState]]]:
+    """`await start_worker()`: one process's state over servers A and B (both in service, with `backend_file`
+    listed in a file)."""
+    async with AsyncExitStack() as stack:
+
+        async def start(*, backend_file: bool = False) -> GatewayState:
+            db = tmp_path / "gateway.db"
+            db.write_bytes(empty_store.read_bytes())
+            listed = tmp_path / "servers"
+            listed.write_text(f"{A}\n{B}\n")
+            settings = Settings(
+                db=f"sqlite:///{db}", backend=[A, B], backend_file=str(listed) if backend_file else None
+            )
+            store = Store(settings.db)
+            stack.callback(store.close)
+            pool = BackendPool([A, B], timeout=5, connect_timeout=1, max_connections=4)
+            stack.push_async_callback(pool.close)
+            app = create_app(settings, store=store, backends=pool)
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            state: GatewayState = app.state.gateway
+            return state
+
+        yield start
+
+
+@pytest.fixture
+async def worker(start_worker) -> GatewayState:
+    return await start_worker()
+
+
+def fleet(epoch: int, *servers: ServerEntry, paused: bool = False, version: str = "3") -> FleetState:
+    return FleetState(
+        epoch=epoch,
+        paused=paused,
+        policy_version=version,
+        reloads=1,
+        weight_version=version,
+        servers=list(servers),
+    )
+
+
+def entry(
+    url: str,
+    *,
+    healthy: bool = True,
+    models: tuple[str, ...] = (),
+    reloads: int = 1,
+    version: str | None = "3",
+    draining: bool = False,
+) -> ServerEntry:
+    return ServerEntry(
+        url=url,
+        draining=draining,
+        healthy=healthy,
+        models=list(models),
+        reloads=reloads,
+        weight_version=version,
+    )
+
+
+def held(state: GatewayState) -> list[tuple[str, bool, bool, list[str], int, str | None]]:
+    """Each server as the process holds it: url, healthy, draining, models, reloads, weight version."""
+    return [
+        (s.url, s.healthy, s.draining, sorted(s.models), s.reloads, s.weight_version)
+        for s in state.backends.servers.values()
+    ]
+
+
+async def test_a_process_holds_each_servers_health_models_and_weights_as_the_fleet_says(worker):
+    state = worker
+
+    state.fleet.take(fleet(1, entry(A, models=("tiny",)), entry(B, healthy=False, reloads=0, version=None)))
+
+    assert held(state) == [(A, True, False, ["tiny"], 1, "3"), (B, False, False, [], 0, None)]
+    assert (state.recorder.policy_version, state.backends.weights) == ("3", FleetWeights(1, "3"))
+
+
+async def test_an_older_fleet_arriving_late_changes_nothing(worker):
+    state = worker
+    state.fleet.take(fleet(2, entry(A), entry(B), version="3"))
+
+    state.fleet.take(fleet(1, entry(A, version="2"), version="2"))
+
+    assert (state.recorder.policy_version, sorted(state.backends.servers), state.fleet.held.epoch) == (
+        "3",
+        [A, B],
+        2,
+    )
+
+
+async def test_servers_join_drain_and_leave_as_the_fleet_says(worker):
+    state = worker
+
+    state.fleet.take(fleet(1, entry(A, draining=True), entry(C, healthy=False)))
+
+    assert held(state) == [(A, True, True, [], 1, "3"), (C, False, False, [], 1, "3")]
+
+
+async def test_the_pause_is_the_fleets(worker):
+    state = worker
+
+    state.fleet.take(fleet(1, entry(A), entry(B), paused=True))
+    assert state.traffic.paused is True
+    state.fleet.take(fleet(2, entry(A), entry(B)))
+
+    assert state.traffic.paused is False
+
+
+async def test_what_a_health_check_finds_becomes_the_fleets_and_finding_nothing_new_changes_nothing(worker):
+    state = worker
+    epoch = state.fleet.held.epoch
+    ejected = Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5, healthy=False)
+
+    await found(state.fleet, ejected)
+    await found(state.fleet, ejected)
+
+    assert held(state)[0] == (A, False, False, ["tiny"], 0, None)
+    await found(state.fleet, Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5))
+    assert held(state)[0] == (A, False, False, ["tiny"], 0, None)  # a check that changed nothing
+    admitted = Found(A, frozenset({"tiny"}), 0.5, healthy=True, weights=FleetWeights(2, "4"))
+    await found(state.fleet, admitted)
+    assert held(state)[0] == (A, True, False, ["tiny"], 2, "4")
+    assert state.backends.servers[A].prefix_cache_hit_rate == 0.5
+    assert state.fleet.held.epoch == epoch + 2
+
+
+async def test_with_a_backend_file_the_leading_process_makes_the_servers_those_it_lists(start_worker):
+    state = await start_worker(backend_file=True)
+
+    await listed(state.fleet, [A, C])
+
+    assert held(state) == [(A, True, False, [], 0, None), (C, False, False, [], 0, None)]

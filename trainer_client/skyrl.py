@@ -1,0 +1,35 @@
+"""SkyRL's `GeneratorOutput` from the store, for a `GeneratorInterface` whose agents played through the
+gateway: the ids vLLM saw and sampled, never a re-tokenization.
+
+SkyRL's trainer takes one row per trajectory (merged samples), or with `step_wise` one per turn, marked
+`is_last_step`; each row is `prompt_token_ids` (the first turn's prompt), `response_ids` (every later id: the
+sampled tokens and the environment's tokens between turns), `loss_masks` (1 on sampled tokens), the
+sampling `rollout_logprobs` and the reward. Its types need SkyRL itself (Python 3.12 and later): this is
+the plain dictionary it checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.store.samples import MergedSample, StepSample, split
+
+Sample = StepSample | MergedSample
+
+
+def generator_output(samples: Sequence[Sample], *, step_wise: bool = False) -> dict[str, Any]:
+    """The rows of `samples` (in their order, which must be the generator input's) as a `GeneratorOutput`."""
+    parts = [split(sample) for sample in samples]
+    output: dict[str, Any] = {
+        "prompt_token_ids": [part.prompt_ids.tolist() for part in parts],
+        "response_ids": [part.response_ids.tolist() for part in parts],
+        "rewards": [s.reward for s in samples],
+        "loss_masks": [part.response_mask.tolist() for part in parts],
+        "rollout_logprobs": [part.response_logprobs.tolist() for part in parts],
+        "stop_reasons": [s.finish_reason or "abort" for s in samples],  # none: the call did not end
+        "rollout_metrics": None,
+    }
+    if step_wise:
+        output["is_last_step"] = [s.is_last_step for s in samples]
+    return output
