@@ -36,6 +36,13 @@ VLLM_KEY = "vllm-test-key"
 VLLM_HEADERS = {"authorization": f"Bearer {VLLM_KEY}"}
 
 
+def async_agent(base_url: str) -> openai.AsyncOpenAI:
+    """An agent's SDK client, without retries, for tests that start many agents at once: the SDK's default
+    gives a connection 5 s, and a loaded machine's test process can take longer to get back to connections
+    a whole group opened at the same moment (a group of 64 once failed on a connect timeout)."""
+    return openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=300)
+
+
 def client_of(gateway: Any) -> Any:
     """What to send requests with: an in-process gateway is its own client; a process is reached over HTTP."""
     return gateway if hasattr(gateway, "request") else httpx

@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import openai
 
-from support import stored_rollout, tokenize_chat
+from support import async_agent, stored_rollout, tokenize_chat
 
 ROLLOUTS = 32
 
 
 async def two_turn_agent(base_url: str, index: int, stream: bool) -> list[dict]:
-    agent = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
+    agent = async_agent(base_url)
     messages = [{"role": "user", "content": f"Agent {index}: count to three."}]
     sent = []
     for _ in range(2):

@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 
-from support import stored_rollout
+from support import async_agent, stored_rollout
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -20,9 +20,7 @@ def test_killed_gateway_keeps_every_acknowledged_turn(start_gateway, databases, 
 
     async def agents() -> list[str]:
         async def one(i: int) -> str:
-            agent = openai.AsyncOpenAI(
-                base_url=first.agent_url(f"crash-{i}"), api_key="unused", max_retries=0
-            )
+            agent = async_agent(first.agent_url(f"crash-{i}"))
             await agent.chat.completions.create(**CHAT)
             reply = await agent.chat.completions.create(**CHAT, stream=True)
             async for _ in reply:

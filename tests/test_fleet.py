@@ -23,7 +23,7 @@ from gateway.demo.launcher import GatewayProcess
 from gateway.demo.vllm_server import VLLMServer
 from gateway.fleet.routing import share_bound
 
-from support import admin, stored_rollout, wait_for
+from support import admin, async_agent, stored_rollout, wait_for
 
 HEALTH = ("--health-interval", "0.5")
 
@@ -75,17 +75,27 @@ def call_turn_by_turn(
     gateways: list[GatewayProcess], rollouts: list[str], *, turns: int, tokens: int
 ) -> None:
     """Every rollout's agent calls `turns` times, each turn through the next gateway: every first call at the
-    same moment, then every second one, and so on."""
+    same moment, then every second one, and so on. The clients are made first (tens of milliseconds each), so
+    that the first calls do go out together."""
 
-    async def agent(index: int, rollout_id: str) -> None:
+    async def agent(rollout_id: str, clients: list[openai.AsyncOpenAI]) -> None:
         for turn in range(turns):
-            gateway = gateways[(index + turn) % len(gateways)]
-            client = openai.AsyncOpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0)
             messages = [{"role": "user", "content": f"{rollout_id} {turn}"}]
-            await client.chat.completions.create(model="tiny", messages=messages, max_tokens=tokens)
+            await clients[turn % len(clients)].chat.completions.create(
+                model="tiny", messages=messages, max_tokens=tokens
+            )
 
     async def everyone() -> None:
-        await asyncio.gather(*(agent(i, rollout_id) for i, rollout_id in enumerate(rollouts)))
+        clients = [
+            [
+                async_agent(gateways[(index + turn) % len(gateways)].agent_url(rollout_id))
+                for turn in range(len(gateways))
+            ]
+            for index, rollout_id in enumerate(rollouts)
+        ]
+        await asyncio.gather(
+            *(agent(rollout_id, mine) for rollout_id, mine in zip(rollouts, clients, strict=True))
+        )
 
     asyncio.run(everyone())
 
@@ -234,7 +244,7 @@ def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_ru
     async def agent(rollout_id: str, killed: asyncio.Event) -> list[str]:
         """Calls until three after the kill: some of them were on the killed server."""
         outcomes: list[str] = []
-        client = openai.AsyncOpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0)
+        client = async_agent(gateway.agent_url(rollout_id))
         after = 0
         while after < 3:
             messages = [{"role": "user", "content": f"{rollout_id} {len(outcomes)}"}]

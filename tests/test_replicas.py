@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from support import stored_rollout, tokenize_chat
+from support import async_agent, stored_rollout, tokenize_chat
 
 
 def test_two_replicas_writing_one_rollout_never_collide(start_gateway, databases, db_kind, vllm, rollout_id):
@@ -18,9 +18,7 @@ def test_two_replicas_writing_one_rollout_never_collide(start_gateway, databases
     messages = [{"role": "user", "content": "Say something."}]
 
     async def call(i: int) -> None:
-        agent = openai.AsyncOpenAI(
-            base_url=replicas[i % 2].agent_url(rollout_id), api_key="unused", max_retries=0
-        )
+        agent = async_agent(replicas[i % 2].agent_url(rollout_id))
         await agent.chat.completions.create(
             model="tiny", messages=messages, max_tokens=3, extra_body={"min_tokens": 3}
         )

@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import openai
 import pytest
 import sqlalchemy as sa
 
@@ -26,7 +25,7 @@ from trainer_client.reference.runner import RolloutRunner, RunnerConfig
 from trainer_client.reference.toy_task import TargetCharactersTask
 
 import support
-from support import run_rollout
+from support import async_agent, run_rollout
 
 STEPS = 10
 MAX_STALENESS = 1
@@ -339,9 +338,7 @@ def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gate
     """The calls whose first chunk has come: vLLM sends it with the first sampled token."""
 
     async def call(index: int) -> str | None:
-        agent = openai.AsyncOpenAI(
-            base_url=gateway.agent_url(f"r{index}"), api_key="-", max_retries=0, timeout=300
-        )
+        agent = async_agent(gateway.agent_url(f"r{index}"))
         async with agent:
             stream = await agent.chat.completions.create(
                 model="tiny",
