@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 from pydantic import BaseModel
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from gateway.errors import ApiError, StoreUnavailable, backend_error_detail
 from gateway.fleet.replies import BackendReply, BackendStreamError
@@ -26,7 +26,7 @@ from gateway.turns.admission import prompt_tokens as count_prompt
 from gateway.turns.capture import Asked, ChatCapture, TurnCapture
 from gateway.turns.context import TurnContext
 from gateway.turns.exact import exact_prompt, with_prompt
-from gateway.turns.relay import StreamFailure, relay
+from gateway.turns.relay import RelayResponse, StreamFailure, relay
 from gateway.turns.sampling import imposed, merged
 from gateway.turns.sse import sse_data
 from gateway.turns.upstream import send
@@ -108,7 +108,7 @@ async def forward(
         except ApiError as exc:
             await ctx.recorder.failed(capture, exc.status_code, exc.message)
             raise
-        if isinstance(response, StreamingResponse):
+        if isinstance(response, RelayResponse):
             response.body_iterator = _counted(ctx, response.body_iterator)
             streaming = True
         return response
@@ -152,9 +152,7 @@ async def _turn(
     if call.stream:
         reply = await send(ctx.backends, capture, upstream)
         chunks = _chunks(capture, reply, asked, wire)
-        return StreamingResponse(
-            relay(ctx.recorder, capture, reply, chunks, wire), media_type="text/event-stream"
-        )
+        return RelayResponse(relay(ctx.recorder, capture, reply, chunks, wire))
     return await _whole(ctx, capture, upstream, asked, wire)
 
 

@@ -4,8 +4,12 @@ stream's end is sent; a client that leaves leaves a cancelled turn, a failing ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive
 
 from gateway.errors import ApiError, store_failure
 from gateway.fleet.replies import BackendReply
@@ -23,9 +27,33 @@ class StreamFailure(Exception):
         self.message = message
 
 
+class RelayResponse(StreamingResponse):
+    """A streamed reply that stops at its next chunk once the client has left.
+
+    Starlette cancels the stream when its client leaves, but anyio cancels a task only when it finds it
+    waiting on a future not yet done: a relay that finds the engine's next output already arrived each time
+    it looks (an engine outpacing a busy gateway) was not cancelled, and relayed the rest of a long reply
+    to nobody, engine time included, then stored the turn as answered."""
+
+    def __init__(self, chunks: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(self._while_client_stays(chunks), media_type="text/event-stream")
+        self._client_left = False
+
+    async def listen_for_disconnect(self, receive: Receive) -> None:
+        await super().listen_for_disconnect(receive)
+        self._client_left = True
+
+    async def _while_client_stays(self, chunks: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+        async with contextlib.aclosing(chunks):  # closing the relay stores the turn as cancelled
+            async for chunk in chunks:
+                if self._client_left:
+                    return
+                yield chunk
+
+
 async def relay(
     recorder: Recorder, capture: TurnCapture, reply: BackendReply, chunks: AsyncIterator[bytes], wire: Wire
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     version = recorder.policy_version
     try:
         async for chunk in chunks:
