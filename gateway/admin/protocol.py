@@ -19,12 +19,13 @@ class PauseRequest(RequestModel):
 
 
 class PolicyVersionRequest(RequestModel):
-    version: Annotated[str, Field(min_length=1, max_length=64)]
+    version: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    """A label of the weights (no control characters: PostgreSQL's text takes no NUL)."""
 
 
 class BackendRequest(RequestModel):
-    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+", max_length=256)]
-    """A vLLM server's base URL, as --backend takes it."""
+    url: Annotated[str, Field(pattern=r"^https?://[!-.0-~][!-~]*$", max_length=256)]
+    """A vLLM server's base URL, as --backend takes it: printable ASCII, no space."""
 
 
 class BackendView(BaseModel):

@@ -163,3 +163,23 @@ async def test_a_failing_admin_call_to_the_engines_is_a_502(gw):
 
     assert_openai_error(response, 502, "backend_error")
     assert response.json()["error"]["message"] == "/resume failed on http://fake-engine: HTTP 500"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/admin/backends", {"url": "http://0\u00b5\u0000"}),
+        ("/admin/backends", {"url": "http://host:8000/\u001f"}),
+        ("/admin/backends", {"url": "http://host name"}),
+        ("/admin/policy_version", {"version": "v\u0000"}),
+        ("/admin/policy_version", {"version": "v\n1"}),
+    ],
+)
+async def test_admin_values_with_control_characters_are_422_and_change_nothing(gw, path, body):
+    before = (await gw.client.get("/admin/state")).json()
+
+    response = await gw.client.post(path, json=body)
+
+    assert_openai_error(response, 422, "invalid_request")
+    after = (await gw.client.get("/admin/state")).json()
+    assert (after["policy_version"], after["backends"]) == (before["policy_version"], before["backends"])
