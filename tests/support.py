@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -31,16 +33,28 @@ LS_TMP_CALL = '<tool_call>{"name": "ls", "arguments": {"path": "/tmp"}}</tool_ca
 LS_TMP_REGEX = r'<tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
 
 
+TEACHER_CONTEXT = 1024
+"""The teacher's context, shorter than the policy's 2,048: a turn can be too long for the teacher."""
 VLLM_KEY = "vllm-test-key"
 """The session's vLLM requires it (--api-key); gateways send it as --backend-api-key."""
 VLLM_HEADERS = {"authorization": f"Bearer {VLLM_KEY}"}
+
+DEADLINE = 600.0
+"""The suite's one deadline, in seconds: for a condition to come true, for a client's call (connecting
+included), for a process to start. Tests wait for conditions, never for a time; a condition still false
+after the deadline means something is broken, not that the machine is slow."""
+TIMEOUT = DEADLINE
+"""What every client is given as its timeout, for each phase of a call (connecting included): a number, which
+httpx and the SDKs (each on its own HTTP library) all take."""
+POLL = 0.05
+"""Seconds between two looks at a condition."""
 
 
 def async_agent(base_url: str) -> openai.AsyncOpenAI:
     """An agent's SDK client, without retries, for tests that start many agents at once: the SDK's default
     gives a connection 5 s, and a loaded machine's test process can take longer to get back to connections
     a whole group opened at the same moment (a group of 64 once failed on a connect timeout)."""
-    return openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=300)
+    return openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=TIMEOUT)
 
 
 def client_of(gateway: Any) -> Any:
@@ -69,14 +83,14 @@ def tokenize_chat(
     body: dict[str, Any] = {"model": "tiny", "messages": messages, "add_generation_prompt": True}
     if tools:
         body["tools"] = tools
-    response = httpx.post(vllm.url + "/tokenize", json=body, headers=VLLM_HEADERS, timeout=30)
+    response = httpx.post(vllm.url + "/tokenize", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT)
     response.raise_for_status()
     return response.json()["tokens"]
 
 
 def detokenize(vllm: VLLMServer, ids: list[int]) -> str:
     response = httpx.post(
-        vllm.url + "/detokenize", json={"model": "tiny", "tokens": ids}, headers=VLLM_HEADERS, timeout=30
+        vllm.url + "/detokenize", json={"model": "tiny", "tokens": ids}, headers=VLLM_HEADERS, timeout=TIMEOUT
     )
     response.raise_for_status()
     return response.json()["prompt"]
@@ -96,22 +110,22 @@ def run_rollout(
 ) -> str:
     """A rollout through the real gateway: `turns` chat calls of a growing conversation, then finish."""
     body = {"group_id": group_id, "tags": tags, "task_id": task_id}
-    created = httpx.post(gateway.url + "/rollouts", json=body, timeout=30).json()
+    created = httpx.post(gateway.url + "/rollouts", json=body, timeout=TIMEOUT).json()
     rollout_id = created["rollout_id"]
     messages = [{"role": "user", "content": f"Start {group_id}."}]
     for turn in range(turns):
         body = {"model": "tiny", "messages": messages, "max_tokens": 4, "min_tokens": 4, "seed": turn}
-        reply = httpx.post(created["base_url"] + "/chat/completions", json=body, timeout=60).json()
+        reply = httpx.post(created["base_url"] + "/chat/completions", json=body, timeout=TIMEOUT).json()
         answer = {"role": "assistant", "content": reply["choices"][0]["message"]["content"]}
         messages = [*messages, answer, {"role": "user", "content": "More."}]
     if failing_turn:  # a request vLLM refuses: stored as an error turn
         httpx.post(
-            created["base_url"] + "/chat/completions", json={**body, "max_tokens": 100_000}, timeout=60
+            created["base_url"] + "/chat/completions", json={**body, "max_tokens": 100_000}, timeout=TIMEOUT
         )
     if finish:
         finish_body = {"status": status} if reward is None else {"status": status, "reward": reward}
         httpx.post(
-            f"{gateway.url}/rollouts/{rollout_id}/finish", json=finish_body, timeout=30
+            f"{gateway.url}/rollouts/{rollout_id}/finish", json=finish_body, timeout=TIMEOUT
         ).raise_for_status()
     return rollout_id
 
@@ -161,7 +175,9 @@ def streamed_reply(chunks: Iterable[Any]) -> dict[str, Any]:
 def chat(gateway: Any, rollout_id: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     """One agent call through the gateway (greedy); the assistant message a harness sends back. With `extra`
     (vLLM sampling fields) the call offers `TOOLS`."""
-    agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
+    agent = openai.OpenAI(
+        base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
+    )
     reply = agent.chat.completions.create(
         model="tiny",
         messages=messages,
@@ -180,11 +196,24 @@ def chat(gateway: Any, rollout_id: str, messages: list[dict[str, Any]], **extra:
     return {"role": "assistant", "content": message.content}
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
+def wait_for(condition: Callable[[], object], what: str = "the condition") -> None:
+    """Return once `condition()` is true; fail after the suite's deadline."""
+    deadline = time.monotonic() + DEADLINE
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+        assert time.monotonic() < deadline, f"{what} was still not met after {DEADLINE:.0f} s"
+        time.sleep(POLL)
+
+
+async def until(condition: Callable[[], object], what: str = "the condition") -> None:
+    """`wait_for` for the event loop: return once `condition()` is true (awaited, if it is a coroutine)."""
+    deadline = time.monotonic() + DEADLINE
+    while not await _value(condition()):
+        assert time.monotonic() < deadline, f"{what} was still not met after {DEADLINE:.0f} s"
+        await asyncio.sleep(POLL)
+
+
+async def _value(result: object) -> object:
+    return await result if inspect.isawaitable(result) else result
 
 
 def on_store(kind: str) -> pytest.MarkDecorator:

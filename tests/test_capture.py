@@ -8,7 +8,7 @@ import httpx
 import openai
 import orjson
 
-from support import VLLM_HEADERS, coalesced, detokenize, stored_rollout, tokenize_chat
+from support import TIMEOUT, VLLM_HEADERS, coalesced, detokenize, stored_rollout, tokenize_chat
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -18,7 +18,9 @@ SAMPLING: dict[str, Any] = {"model": "tiny", "max_tokens": 12, "temperature": 0.
 
 
 def client(gateway, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
+    return openai.OpenAI(
+        base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
+    )
 
 
 def without_ids(payload: dict[str, Any]) -> dict[str, Any]:
@@ -59,8 +61,12 @@ def test_nul_characters_in_a_turn_are_stored_and_lose_nothing(gateway, vllm, db_
 
 def test_agent_receives_exactly_the_reply_vllm_sends_for_its_own_request(gateway, vllm, rollout_id):
     body = {"messages": MESSAGES, **SAMPLING}
-    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60).json()
-    through = httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60).json()
+    direct = httpx.post(
+        vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT
+    ).json()
+    through = httpx.post(
+        gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=TIMEOUT
+    ).json()
 
     assert without_ids(through) == without_ids(direct)
     assert through["prompt_token_ids"] is None
@@ -70,8 +76,12 @@ def test_agent_receives_exactly_the_reply_vllm_sends_for_its_own_request(gateway
 
 def test_agent_that_asks_for_token_ids_and_logprobs_gets_them(gateway, vllm, rollout_id):
     body = {"messages": MESSAGES, **SAMPLING, "return_token_ids": True, "logprobs": True}
-    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60).json()
-    through = httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60).json()
+    direct = httpx.post(
+        vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT
+    ).json()
+    through = httpx.post(
+        gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=TIMEOUT
+    ).json()
 
     assert without_ids(through) == without_ids(direct)
     assert through["prompt_token_ids"] == tokenize_chat(vllm, MESSAGES)
@@ -89,10 +99,12 @@ def sse_events(raw: bytes) -> list[Any]:
 def test_streamed_reply_equals_vllm_stream_chunk_for_chunk(gateway, vllm, rollout_id):
     body = {"messages": MESSAGES, **SAMPLING, "stream": True}
     direct = sse_events(
-        httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60).content
+        httpx.post(
+            vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT
+        ).content
     )
     through = sse_events(
-        httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=60).content
+        httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=TIMEOUT).content
     )
 
     assert through[-1] == direct[-1] == "[DONE]"

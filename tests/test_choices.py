@@ -12,7 +12,7 @@ import pytest
 
 from trainer_client import SampleOptions, TrainerClient
 
-from support import on_store, stored_rollout
+from support import TIMEOUT, on_store, stored_rollout
 
 pytestmark = on_store("postgresql")
 
@@ -21,7 +21,9 @@ MESSAGES = [{"role": "user", "content": "Say something."}]
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_each_choice_is_stored_as_its_own_turn(gateway, rollout_id, stream):
-    agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
+    agent = openai.OpenAI(
+        base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
+    )
     body = {"model": "tiny", "messages": MESSAGES, "n": 3, "max_tokens": 6, "temperature": 1.0}
     extra = {"return_token_ids": True, "min_tokens": 2}
 
@@ -55,7 +57,7 @@ def test_completions_with_several_choices_store_each(gateway, rollout_id):
         "min_tokens": 3,
         "return_token_ids": True,
     }
-    reply = httpx.post(gateway.agent_url(rollout_id) + "/completions", json=body, timeout=60).json()
+    reply = httpx.post(gateway.agent_url(rollout_id) + "/completions", json=body, timeout=TIMEOUT).json()
 
     turns = stored_rollout(gateway, rollout_id)["turns"]
     assert [(t["choice_index"], t["completion_token_ids"]) for t in turns] == [
@@ -67,11 +69,11 @@ def test_completions_with_several_choices_store_each(gateway, rollout_id):
 def test_trainer_sees_one_sample_per_choice(start_gateway, databases, db_kind):
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url)
-    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "one-call"}).json()
+    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "one-call"}, timeout=TIMEOUT).json()
     body = {"model": "tiny", "messages": MESSAGES, "n": 4, "max_tokens": 3, "min_tokens": 3}
-    httpx.post(rollout["base_url"] + "/chat/completions", json=body, timeout=60).raise_for_status()
+    httpx.post(rollout["base_url"] + "/chat/completions", json=body, timeout=TIMEOUT).raise_for_status()
     httpx.post(
-        f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}
+        f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}, timeout=TIMEOUT
     ).raise_for_status()
 
     with TrainerClient(db_url) as client:
@@ -89,15 +91,19 @@ def test_choices_rewarded_one_by_one_train_with_advantages_across_their_call(
 ):
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url)
-    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "one-prompt"}).json()
+    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "one-prompt"}, timeout=TIMEOUT).json()
     rollout_id = rollout["rollout_id"]
     body = {"model": "tiny", "messages": MESSAGES, "n": 3, "max_tokens": 3, "min_tokens": 3}
-    httpx.post(rollout["base_url"] + "/chat/completions", json=body, timeout=60).raise_for_status()
+    httpx.post(rollout["base_url"] + "/chat/completions", json=body, timeout=TIMEOUT).raise_for_status()
     turns = stored_rollout(gateway, rollout_id)["turns"]
     for turn, value in [(0, 0.0), (1, 0.0), (2, 0.5), (0, 1.0)]:  # turn 0's latest reward is 1.0
         reward = {"reward": value, "turn_index": turn}
-        httpx.post(f"{gateway.url}/rollouts/{rollout_id}/reward", json=reward).raise_for_status()
-    httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish").raise_for_status()  # no rollout-level reward
+        httpx.post(
+            f"{gateway.url}/rollouts/{rollout_id}/reward", json=reward, timeout=TIMEOUT
+        ).raise_for_status()
+    httpx.post(
+        f"{gateway.url}/rollouts/{rollout_id}/finish", timeout=TIMEOUT
+    ).raise_for_status()  # no rollout-level reward
 
     with TrainerClient(db_url) as client:
         centred = client.read(SampleOptions(normalize_std=False)).samples

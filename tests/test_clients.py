@@ -18,7 +18,16 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
-from support import LS_TMP_CALL, LS_TMP_REGEX, TOOLS, detokenize, on_store, stored_rollout, tokenize_chat
+from support import (
+    LS_TMP_CALL,
+    LS_TMP_REGEX,
+    TIMEOUT,
+    TOOLS,
+    detokenize,
+    on_store,
+    stored_rollout,
+    tokenize_chat,
+)
 
 # LiteLLM touches pydantic attributes pydantic 2.11 deprecated; its warnings say nothing about the gateway.
 pytestmark = [
@@ -59,7 +68,7 @@ def litellm_sdk() -> ModuleType:
 
 
 def new_rollout(gateway: Any) -> dict[str, Any]:
-    response = httpx.post(gateway.url + "/rollouts", json={"group_id": "clients"}, timeout=30)
+    response = httpx.post(gateway.url + "/rollouts", json={"group_id": "clients"}, timeout=TIMEOUT)
     response.raise_for_status()
     return response.json()
 
@@ -73,7 +82,7 @@ def recorder() -> Iterator[tuple[httpx.Client, list[dict[str, Any]]]]:
     def keep(request: httpx.Request) -> None:
         sent.append(json.loads(request.read()))
 
-    with httpx.Client(event_hooks={"request": [keep]}, timeout=120) as client:
+    with httpx.Client(event_hooks={"request": [keep]}, timeout=TIMEOUT) as client:
         yield client, sent
 
 

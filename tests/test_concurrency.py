@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from support import async_agent, stored_rollout, tokenize_chat
+from support import TIMEOUT, async_agent, stored_rollout, tokenize_chat
 
 ROLLOUTS = 32
 
@@ -44,10 +44,16 @@ async def two_turn_agent(base_url: str, index: int, stream: bool) -> list[dict]:
 
 
 def test_32_concurrent_rollouts_are_all_recorded_exactly(gateway, vllm, db_url):
-    group = httpx.post(gateway.url + "/rollouts", json={"group_id": "concurrent"}).json()["group_id"]
+    group = httpx.post(gateway.url + "/rollouts", json={"group_id": "concurrent"}, timeout=TIMEOUT).json()[
+        "group_id"
+    ]
     ids = []
     for _ in range(ROLLOUTS):
-        ids.append(httpx.post(gateway.url + "/rollouts", json={"group_id": group}).json()["rollout_id"])
+        ids.append(
+            httpx.post(gateway.url + "/rollouts", json={"group_id": group}, timeout=TIMEOUT).json()[
+                "rollout_id"
+            ]
+        )
     commits_before = _commits(gateway)
 
     async def run() -> list[list[list[dict]]]:
@@ -70,7 +76,7 @@ def test_32_concurrent_rollouts_are_all_recorded_exactly(gateway, vllm, db_url):
 
 
 def _commits(gateway) -> float:
-    for line in httpx.get(gateway.url + "/metrics").text.splitlines():
+    for line in httpx.get(gateway.url + "/metrics", timeout=TIMEOUT).text.splitlines():
         if line.startswith("gateway_store_commits "):
             return float(line.split()[1])
     raise AssertionError("gateway_store_commits missing from /metrics")

@@ -16,14 +16,14 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from support import admin
+from support import TIMEOUT, admin
 
 MAX_EXAMPLES = 25
 """Per operation: bounded, so that the run costs about a minute of engine time."""
 
 
 def test_every_route_documents_its_request_and_its_answers(gateway):
-    document = httpx.get(gateway.url + "/openapi.json").json()
+    document = httpx.get(gateway.url + "/openapi.json", timeout=TIMEOUT).json()
 
     for path, operations in document["paths"].items():
         for method, operation in operations.items():

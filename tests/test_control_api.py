@@ -6,14 +6,16 @@ import httpx
 import openai
 import pytest
 
-from support import stored_rollout
+from support import TIMEOUT, stored_rollout
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "min_tokens": 3}
 
 
 def test_create_rollout_returns_the_agent_base_url(gateway):
     response = httpx.post(
-        gateway.url + "/rollouts", json={"group_id": "g-1", "task_id": "t-9", "metadata": {"k": [1]}}
+        gateway.url + "/rollouts",
+        json={"group_id": "g-1", "task_id": "t-9", "metadata": {"k": [1]}},
+        timeout=TIMEOUT,
     )
 
     assert response.status_code == 201
@@ -27,9 +29,15 @@ def test_create_rollout_returns_the_agent_base_url(gateway):
 
 
 def test_rollout_creation_is_idempotent_on_its_id(gateway, rollout_id):
-    first = httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id, "group_id": "g"})
-    again = httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id, "group_id": "g"})
-    other = httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id, "group_id": "h"})
+    first = httpx.post(
+        gateway.url + "/rollouts", json={"rollout_id": rollout_id, "group_id": "g"}, timeout=TIMEOUT
+    )
+    again = httpx.post(
+        gateway.url + "/rollouts", json={"rollout_id": rollout_id, "group_id": "g"}, timeout=TIMEOUT
+    )
+    other = httpx.post(
+        gateway.url + "/rollouts", json={"rollout_id": rollout_id, "group_id": "h"}, timeout=TIMEOUT
+    )
 
     assert (first.status_code, again.status_code, other.status_code) == (201, 200, 409)
     assert first.json()["created"] is True and again.json()["created"] is False
@@ -37,8 +45,8 @@ def test_rollout_creation_is_idempotent_on_its_id(gateway, rollout_id):
 
 
 def test_base_url_works_with_an_unmodified_openai_client(gateway, db_url):
-    created = httpx.post(gateway.url + "/rollouts", json={"group_id": "g-sdk"}).json()
-    agent = openai.OpenAI(base_url=created["base_url"], api_key="unused", max_retries=0)
+    created = httpx.post(gateway.url + "/rollouts", json={"group_id": "g-sdk"}, timeout=TIMEOUT).json()
+    agent = openai.OpenAI(base_url=created["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
     agent.chat.completions.create(model="tiny", messages=CHAT["messages"], max_tokens=3)
 
     rollout = stored_rollout(gateway, created["rollout_id"])
@@ -46,19 +54,23 @@ def test_base_url_works_with_an_unmodified_openai_client(gateway, db_url):
 
 
 def test_rewards_and_finish_are_recorded(gateway, db_url, rollout_id):
-    httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id, "group_id": "g-r"})
-    httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT)
+    httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id, "group_id": "g-r"}, timeout=TIMEOUT)
+    httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT, timeout=TIMEOUT)
 
     turn_reward = httpx.post(
-        f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 0.25, "turn_index": 0}
+        f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 0.25, "turn_index": 0}, timeout=TIMEOUT
     )
     rollout_reward = httpx.post(
-        f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 0.5, "components": {"format": 0.5}}
+        f"{gateway.url}/rollouts/{rollout_id}/reward",
+        json={"reward": 0.5, "components": {"format": 0.5}},
+        timeout=TIMEOUT,
     )
     finish = httpx.post(
-        f"{gateway.url}/rollouts/{rollout_id}/finish", json={"status": "truncated", "reward": 0.75}
+        f"{gateway.url}/rollouts/{rollout_id}/finish",
+        json={"status": "truncated", "reward": 0.75},
+        timeout=TIMEOUT,
     )
-    second_finish = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={})
+    second_finish = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={}, timeout=TIMEOUT)
 
     assert (turn_reward.status_code, rollout_reward.status_code, finish.status_code) == (200, 200, 200)
     assert second_finish.status_code == 409
@@ -89,12 +101,13 @@ def test_rewards_and_finish_are_recorded(gateway, db_url, rollout_id):
     ],
 )
 def test_invalid_rewards_are_refused_without_touching_the_rollout(gateway, db_url, rollout_id, content):
-    httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id})
+    httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id}, timeout=TIMEOUT)
 
     response = httpx.post(
         f"{gateway.url}/rollouts/{rollout_id}/reward",
         content=content,
         headers={"content-type": "application/json"},
+        timeout=TIMEOUT,
     )
 
     assert response.status_code in (400, 422)
@@ -104,20 +117,29 @@ def test_invalid_rewards_are_refused_without_touching_the_rollout(gateway, db_ur
 
 
 def test_reward_for_unknown_rollout_or_turn_is_404(gateway, rollout_id):
-    assert httpx.post(f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 1.0}).status_code == 404
-    httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id})
+    assert (
+        httpx.post(
+            f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 1.0}, timeout=TIMEOUT
+        ).status_code
+        == 404
+    )
+    httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id}, timeout=TIMEOUT)
     missing_turn = httpx.post(
-        f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 1.0, "turn_index": 3}
+        f"{gateway.url}/rollouts/{rollout_id}/reward", json={"reward": 1.0, "turn_index": 3}, timeout=TIMEOUT
     )
     assert missing_turn.status_code == 404
     assert missing_turn.json()["error"]["code"] == "turn_not_found"
 
 
 def test_finish_rejects_unknown_status_and_components_without_reward(gateway, db_url, rollout_id):
-    httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id})
+    httpx.post(gateway.url + "/rollouts", json={"rollout_id": rollout_id}, timeout=TIMEOUT)
 
-    unknown = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"status": "done"})
-    orphan = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"components": {"a": 1.0}})
+    unknown = httpx.post(
+        f"{gateway.url}/rollouts/{rollout_id}/finish", json={"status": "done"}, timeout=TIMEOUT
+    )
+    orphan = httpx.post(
+        f"{gateway.url}/rollouts/{rollout_id}/finish", json={"components": {"a": 1.0}}, timeout=TIMEOUT
+    )
 
     assert unknown.status_code == orphan.status_code == 422
     assert unknown.json()["error"]["param"] == "status"
@@ -126,10 +148,12 @@ def test_finish_rejects_unknown_status_and_components_without_reward(gateway, db
 
 
 def test_get_rollout_shows_turns_and_tokens_only_on_request(gateway, rollout_id):
-    httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT)
+    httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT, timeout=TIMEOUT)
 
-    plain = httpx.get(f"{gateway.url}/rollouts/{rollout_id}").json()
-    full = httpx.get(f"{gateway.url}/rollouts/{rollout_id}", params={"include_tokens": "true"}).json()
+    plain = httpx.get(f"{gateway.url}/rollouts/{rollout_id}", timeout=TIMEOUT).json()
+    full = httpx.get(
+        f"{gateway.url}/rollouts/{rollout_id}", params={"include_tokens": "true"}, timeout=TIMEOUT
+    ).json()
 
     assert {"rollout_id", "group_id", "status", "reward", "turns"} <= set(plain)
     assert "prompt_token_ids" not in plain["turns"][0]
@@ -145,14 +169,14 @@ def test_get_rollout_shows_turns_and_tokens_only_on_request(gateway, rollout_id)
     ):
         assert field in turn
     assert len(turn["completion_token_ids"]) == len(turn["completion_logprobs"]) == 3
-    assert httpx.get(f"{gateway.url}/rollouts/nope-{rollout_id}").status_code == 404
+    assert httpx.get(f"{gateway.url}/rollouts/nope-{rollout_id}", timeout=TIMEOUT).status_code == 404
 
 
 def test_health_and_prometheus_metrics(gateway, rollout_id):
-    httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT)
+    httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=CHAT, timeout=TIMEOUT)
 
-    health = httpx.get(gateway.url + "/healthz").json()
-    metrics = httpx.get(gateway.url + "/metrics").text
+    health = httpx.get(gateway.url + "/healthz", timeout=TIMEOUT).json()
+    metrics = httpx.get(gateway.url + "/metrics", timeout=TIMEOUT).text
 
     assert health["status"] == "ok"
     for name in (

@@ -12,6 +12,8 @@ import threading
 import httpx
 import pytest
 
+from support import TIMEOUT
+
 pytestmark = pytest.mark.engine
 
 
@@ -35,8 +37,8 @@ def test_the_demo_ends_on_the_viewer_of_its_rollouts_and_keeps_serving_them_unti
             line.split(": ", 1)[1] for line in said if line.startswith("The rollouts, token by token: ")
         )
 
-        page = httpx.get(viewer)
-        listed = httpx.get(viewer + "/api/rollouts").json()["rollouts"]
+        page = httpx.get(viewer, timeout=TIMEOUT)
+        listed = httpx.get(viewer + "/api/rollouts", timeout=TIMEOUT).json()["rollouts"]
         demo.send_signal(signal.SIGTERM)
         rest = demo.stdout.read()
         assert demo.wait(timeout=60) == 0
@@ -48,4 +50,4 @@ def test_the_demo_ends_on_the_viewer_of_its_rollouts_and_keeps_serving_them_unti
     assert [(r["status"], r["turns"]) for r in listed] == [("completed", 1), ("completed", 1)]
     assert "Stopped the gateway and vLLM." in rest
     with pytest.raises(httpx.ConnectError):
-        httpx.get(viewer)
+        httpx.get(viewer, timeout=TIMEOUT)

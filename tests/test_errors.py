@@ -8,7 +8,7 @@ import pytest
 
 from gateway.demo.process import free_port
 
-from support import VLLM_HEADERS, assert_openai_error, on_store, stored_rollout
+from support import TIMEOUT, VLLM_HEADERS, assert_openai_error, on_store, stored_rollout
 
 pytestmark = on_store("postgresql")
 
@@ -16,7 +16,7 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
 
 
 def post_chat(gateway, rollout_id: str, **kwargs) -> httpx.Response:
-    return httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", timeout=60, **kwargs)
+    return httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", timeout=TIMEOUT, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -26,7 +26,7 @@ def post_chat(gateway, rollout_id: str, **kwargs) -> httpx.Response:
 )
 def test_what_vllm_accepts_the_gateway_accepts(gateway, vllm, rollout_id, fields):
     body = {**CHAT, **fields}
-    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60)
+    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT)
     through = post_chat(gateway, rollout_id, json=body)
 
     assert (direct.status_code, through.status_code) == (200, 200)
@@ -49,7 +49,7 @@ def test_a_string_true_streams_as_it_does_on_vllm(gateway, rollout_id):
 )
 def test_a_clients_mistake_gets_vllms_own_answer(gateway, vllm, rollout_id, fields):
     body = {**CHAT, **fields}
-    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60)
+    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT)
     through = post_chat(gateway, rollout_id, json=body)
 
     assert through.status_code == direct.status_code == 400
@@ -64,7 +64,7 @@ def test_oversized_body_is_refused_with_413(gateway, rollout_id):
 
 def test_request_vllm_refuses_is_passed_on_and_stored_as_an_error_turn(gateway, vllm, rollout_id):
     body = {**CHAT, "max_tokens": 100_000}
-    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=60)
+    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT)
     response = post_chat(gateway, rollout_id, json=body)
 
     assert response.status_code == direct.status_code == 400
@@ -80,7 +80,9 @@ def test_request_vllm_refuses_is_passed_on_and_stored_as_an_error_turn(gateway, 
 def test_unreachable_backend_gives_503_and_an_error_turn(start_gateway, databases, db_kind, rollout_id):
     db_url = databases.new(db_kind)
     dead = start_gateway(db_url, backends=[f"http://127.0.0.1:{free_port()}"])
-    client = openai.OpenAI(base_url=dead.agent_url(rollout_id), api_key="unused", max_retries=0)
+    client = openai.OpenAI(
+        base_url=dead.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
+    )
 
     with pytest.raises(openai.InternalServerError) as raised:
         client.chat.completions.create(**CHAT)
@@ -90,7 +92,9 @@ def test_unreachable_backend_gives_503_and_an_error_turn(start_gateway, database
     turn = stored_rollout(dead, rollout_id)["turns"][0]
     assert (turn["status"], turn["http_status"]) == ("error", 503)
     assert "no backend reachable" in turn["error"]
-    stream = httpx.post(dead.agent_url(rollout_id) + "/chat/completions", json={**CHAT, "stream": True})
+    stream = httpx.post(
+        dead.agent_url(rollout_id) + "/chat/completions", json={**CHAT, "stream": True}, timeout=TIMEOUT
+    )
     assert_openai_error(stream, 503, "backend_unavailable")
     assert [t["status"] for t in stored_rollout(dead, rollout_id)["turns"]] == ["error", "error"]
 
@@ -98,7 +102,9 @@ def test_unreachable_backend_gives_503_and_an_error_turn(start_gateway, database
 def test_second_backend_serves_when_the_first_is_down(start_gateway, databases, db_kind, vllm, rollout_id):
     db_url = databases.new(db_kind)
     pair = start_gateway(db_url, backends=[f"http://127.0.0.1:{free_port()}", vllm.url])
-    client = openai.OpenAI(base_url=pair.agent_url(rollout_id), api_key="unused", max_retries=0)
+    client = openai.OpenAI(
+        base_url=pair.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
+    )
     for _ in range(2):
         client.chat.completions.create(**CHAT)
     turns = stored_rollout(pair, rollout_id)["turns"]
@@ -112,14 +118,19 @@ def test_unregistered_rollouts_are_404_when_registration_is_required(
     strict = start_gateway(db_url, "--require-registered-rollouts")
 
     assert_openai_error(post_chat(strict, rollout_id, json=CHAT), 404, "rollout_not_found")
-    created = httpx.post(strict.url + "/rollouts", json={"rollout_id": rollout_id})
+    created = httpx.post(strict.url + "/rollouts", json={"rollout_id": rollout_id}, timeout=TIMEOUT)
     assert created.status_code == 201
     assert post_chat(strict, rollout_id, json=CHAT).status_code == 200
 
 
 def test_calls_on_a_finished_rollout_are_409_and_leave_it_intact(gateway, db_url, rollout_id):
     assert post_chat(gateway, rollout_id, json=CHAT).status_code == 200
-    assert httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"reward": 1.0}).status_code == 200
+    assert (
+        httpx.post(
+            f"{gateway.url}/rollouts/{rollout_id}/finish", json={"reward": 1.0}, timeout=TIMEOUT
+        ).status_code
+        == 200
+    )
 
     refused = post_chat(gateway, rollout_id, json=CHAT)
     assert_openai_error(refused, 409, "rollout_finished")

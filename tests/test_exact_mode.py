@@ -13,7 +13,7 @@ import pytest
 from gateway.demo.tiny_model import THINK_STRIPPING_CHAT_TEMPLATE
 from trainer_client import SampleOptions, TrainerClient
 
-from support import TOOLS, VLLM_HEADERS, detokenize, stored_rollout, streamed_reply, tokenize_chat
+from support import TIMEOUT, TOOLS, VLLM_HEADERS, detokenize, stored_rollout, streamed_reply, tokenize_chat
 
 THINK_THEN_CALL = (
     r'<think>[a-z]{2,6}</think><tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
@@ -24,7 +24,7 @@ TURNS = 5
 def run_agent(base_url: str, *, stream: bool) -> list[dict]:
     """Five turns of think + tool call; each tool result is followed by a user message, so the template strips
     the thinking of every earlier answer when it re-renders the history."""
-    agent = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    agent = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=TIMEOUT)
     messages: list[dict] = [
         {"role": "system", "content": "Think, then list /tmp."},
         {"role": "user", "content": "Go."},
@@ -74,10 +74,12 @@ def test_exact_mode_extends_every_turn_token_for_token_and_merges(
 ):
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url, "--mode", "exact")
-    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}).json()
+    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}, timeout=TIMEOUT).json()
 
     replies = run_agent(rollout["base_url"], stream=stream)
-    httpx.post(f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0})
+    httpx.post(
+        f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}, timeout=TIMEOUT
+    )
 
     assert [r["finish_reason"] for r in replies] == ["tool_calls"] * TURNS
     assert all(json.loads(r["tool_calls"][0]["function"]["arguments"]) == {"path": "/tmp"} for r in replies)
@@ -106,10 +108,12 @@ def test_pass_through_on_a_think_stripping_template_drifts_and_does_not_merge(
 ):
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url, "--mode", "passthrough")
-    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}).json()
+    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}, timeout=TIMEOUT).json()
 
     run_agent(rollout["base_url"], stream=False)
-    httpx.post(f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0})
+    httpx.post(
+        f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}, timeout=TIMEOUT
+    )
 
     turns = stored_rollout(gateway, rollout["rollout_id"])["turns"]
     assert [t["splice"] for t in turns] == [None] * TURNS
@@ -120,8 +124,8 @@ def test_pass_through_on_a_think_stripping_template_drifts_and_does_not_merge(
 
 
 def test_rollout_can_choose_exact_mode_and_a_cut_reply_falls_back_to_the_plain_render(gateway, vllm, db_url):
-    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
+    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
     messages = [{"role": "user", "content": "Hi"}]
     first = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
     messages += [
@@ -147,8 +151,8 @@ def test_rollout_can_choose_exact_mode_and_a_cut_reply_falls_back_to_the_plain_r
 def test_edited_history_in_exact_mode_forks_and_splices_nothing(start_gateway, databases, db_kind, vllm):
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url, "--mode", "exact")
-    rollout = httpx.post(gateway.url + "/rollouts", json={}).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
+    rollout = httpx.post(gateway.url + "/rollouts", json={}, timeout=TIMEOUT).json()
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
     history = [{"role": "user", "content": "Tell me about /tmp."}]
     reply = agent.chat.completions.create(
         model="tiny",
@@ -182,8 +186,8 @@ def test_backend_without_token_endpoints_is_reported_and_served_in_pass_through(
     # Another gateway speaks the OpenAI API but has none of vLLM's render/generate/derender endpoints.
     upstream = gateway.agent_url("chained")[: -len("/v1")]
     db_url = databases.new(db_kind)
-    chained = start_gateway(db_url, "--mode", "exact", backends=[upstream])
-    agent = openai.OpenAI(base_url=chained.agent_url("r"), api_key="unused", max_retries=0)
+    chained = start_gateway(db_url, "--mode", "exact", backends=[upstream], process=True)
+    agent = openai.OpenAI(base_url=chained.agent_url("r"), api_key="unused", max_retries=0, timeout=TIMEOUT)
     messages = [{"role": "user", "content": "Hi"}]
 
     sampling = {"max_tokens": 4, "temperature": 0.0}
@@ -192,7 +196,7 @@ def test_backend_without_token_endpoints_is_reported_and_served_in_pass_through(
         vllm.url + "/v1/chat/completions",
         json={"model": "tiny", "messages": messages, **sampling, "return_token_ids": True},
         headers=VLLM_HEADERS,
-        timeout=60,
+        timeout=TIMEOUT,
     ).json()
 
     log = chained.log_path.read_text()
@@ -206,8 +210,8 @@ def test_backend_without_token_endpoints_is_reported_and_served_in_pass_through(
 def exact_turns_then_several_choices(gateway, stream: bool) -> tuple[list[dict], list[list[int]]]:
     """A first turn that ends its reply, then a call with 3 choices extending it (streamed or whole): the
     stored turns, and each choice's ids as the agent received them."""
-    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
+    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
     messages = [{"role": "user", "content": "Hi"}]
     answer = {"regex": "[a-z]{3,8}"}
     first = agent.chat.completions.create(
@@ -250,8 +254,8 @@ def test_several_choices_in_exact_mode_each_extend_the_parent_exactly(
 
 
 def test_an_exact_reply_is_what_vllms_chat_endpoint_answers_for_the_same_prompt_ids(gateway, vllm):
-    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
+    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
     messages = [{"role": "user", "content": "Hi"}]
     request = {"model": "tiny", "max_tokens": 12, "temperature": 1.0, "seed": 5, "logprobs": True}
     answer = {"structured_outputs": {"regex": "[a-z]{3,8}"}}  # a reply that ends: the next turn splices
@@ -261,14 +265,14 @@ def test_an_exact_reply_is_what_vllms_chat_endpoint_answers_for_the_same_prompt_
         {"role": "user", "content": "More"},
     ]
     body = {"messages": messages, **request, "min_tokens": 12, "return_token_ids": True}
-    through = httpx.post(rollout["base_url"] + "/chat/completions", json=body, timeout=60).json()
+    through = httpx.post(rollout["base_url"] + "/chat/completions", json=body, timeout=TIMEOUT).json()
     turn = stored_rollout(gateway, rollout["rollout_id"])["turns"][1]
     kv = {"prompt_token_ids": turn["prompt_token_ids"]}
     direct = httpx.post(
         f"{vllm.url}/v1/chat/completions",
         json={**body, "kv_transfer_params": kv},
         headers=VLLM_HEADERS,
-        timeout=60,
+        timeout=TIMEOUT,
     ).json()
 
     assert turn["splice"] == "exact"

@@ -23,15 +23,21 @@ from gateway.demo.launcher import GatewayProcess
 from gateway.demo.vllm_server import VLLMServer
 from gateway.fleet.routing import share_bound
 
-from support import admin, async_agent, stored_rollout, wait_for
+from support import TIMEOUT, admin, async_agent, stored_rollout, wait_for
 
 HEALTH = ("--health-interval", "0.5")
 
 
 def start_servers(model_dir: Path, work_dir: Path, names: list[str]) -> list[VLLMServer]:
-    """vLLM servers started side by side (each takes most of a minute to come up)."""
+    """vLLM servers started side by side. Eager (no compiled graphs): they start without compiling, and
+    this module's calls ask for a few tokens each."""
     servers = [
-        VLLMServer(model_dir, log_path=work_dir / f"fleet-{uuid.uuid4().hex[:6]}.log", served_model_name=name)
+        VLLMServer(
+            model_dir,
+            log_path=work_dir / f"fleet-{uuid.uuid4().hex[:6]}.log",
+            served_model_name=name,
+            extra_args=["--enforce-eager"],
+        )
         for name in names
     ]
     with ThreadPoolExecutor(len(servers)) as pool:
@@ -40,19 +46,20 @@ def start_servers(model_dir: Path, work_dir: Path, names: list[str]) -> list[VLL
 
 
 @pytest.fixture(scope="module")
-def fleet(model_dir: Path, work_dir: Path) -> Iterator[list[VLLMServer]]:
-    """Two servers of the policy ("tiny"), one of a side model ("judge"), and a third of the policy that the
+def fleet(model_dir: Path, work_dir: Path, teacher_vllm, trainable_vllm) -> Iterator[list[VLLMServer]]:
+    """Two servers of the policy ("tiny") of this module's own (the last test kills one), the session's
+    teacher as a side model ("teacher"), and the session's trainable server, a third of the policy that the
     last test adds at run time (the others use it with the session's server for a fleet of four)."""
-    servers = start_servers(model_dir, work_dir, ["tiny", "tiny", "judge", "tiny"])
+    servers = start_servers(model_dir, work_dir, ["tiny", "tiny"])
     try:
-        yield servers
+        yield [*servers, teacher_vllm, trainable_vllm]
     finally:
         for server in servers:
             server.stop()
 
 
 def call(gateway: GatewayProcess, rollout_id: str, model: str = "tiny", tokens: int = 4) -> Any:
-    agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0)
+    agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0, timeout=TIMEOUT)
     messages = [{"role": "user", "content": f"{rollout_id}: go on."}]
     return agent.chat.completions.create(model=model, messages=messages, max_tokens=tokens)
 
@@ -112,14 +119,14 @@ def every_call_in_flight(gateway: GatewayProcess, servers: list[VLLMServer], cal
 
 
 def wait_until_models_known(gateway: GatewayProcess, count: int) -> None:
-    deadline = time.monotonic() + 30
-    while sum(bool(b["models"]) for b in state_of(gateway).values()) < count:
-        assert time.monotonic() < deadline, state_of(gateway)
-        time.sleep(0.2)
+    wait_for(
+        lambda: sum(bool(b["models"]) for b in state_of(gateway).values()) >= count,
+        f"{count} servers' models known",
+    )
 
 
 def test_rollouts_stay_on_their_server_spread_by_load_and_routed_by_model(fleet, start_gateway, databases):
-    tiny_a, tiny_b, judge, _ = fleet
+    tiny_a, tiny_b, side, _ = fleet
     gateway = start_gateway(databases.new("sqlite"), *HEALTH, backends=[s.url for s in fleet[:3]])
     wait_until_models_known(gateway, 3)
     rollouts = [f"sticky-{uuid.uuid4().hex[:8]}" for _ in range(6)]
@@ -127,27 +134,27 @@ def test_rollouts_stay_on_their_server_spread_by_load_and_routed_by_model(fleet,
     for _ in range(3):  # interleaved: every rollout's calls, turn by turn
         for rollout_id in rollouts:
             call(gateway, rollout_id)
-    call(gateway, "side-call", model="judge")
+    call(gateway, "side-call", model="teacher")
 
     placed = {rollout_id: set(backends_of(gateway, rollout_id)) for rollout_id in rollouts}
     assert all(len(servers) == 1 for servers in placed.values())  # each rollout kept its server
     assert Counter(server for (server,) in placed.values()) == {tiny_a.url: 3, tiny_b.url: 3}
-    assert backends_of(gateway, "side-call") == [judge.url]
+    assert backends_of(gateway, "side-call") == [side.url]
     state = state_of(gateway)
-    assert (state[tiny_a.url]["models"], state[judge.url]["models"]) == (["tiny"], ["judge"])
+    assert (state[tiny_a.url]["models"], state[side.url]["models"]) == (["tiny"], ["teacher"])
     assert [state[s.url]["pinned"] for s in fleet[:3]] == [3, 3, 1]
     assert all(state[s.url]["healthy"] and state[s.url]["in_flight"] == 0 for s in fleet[:3])
     assert all(stored_rollout(gateway, r)["backend"] == server for r, (server,) in placed.items())
 
-    metrics = httpx.get(f"{gateway.url}/metrics").text
-    for server, pinned, requests in ((tiny_a, 3, 9), (tiny_b, 3, 9), (judge, 1, 1)):
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=TIMEOUT).text
+    for server, pinned, requests in ((tiny_a, 3, 9), (tiny_b, 3, 9), (side, 1, 1)):
         assert f'gateway_backend_pinned_rollouts{{backend="{server.url}"}} {pinned}.0' in metrics
         assert f'gateway_backend_requests_total{{backend="{server.url}"}} {requests}.0' in metrics
         assert f'gateway_backend_healthy{{backend="{server.url}"}} 1.0' in metrics
         assert f'gateway_backend_latency_seconds_count{{backend="{server.url}"}} {requests}.0' in metrics
     finished = [r for r, (server,) in placed.items() if server == tiny_a.url][:2]
     for rollout_id in finished:
-        httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish").raise_for_status()
+        httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", timeout=TIMEOUT).raise_for_status()
     assert state_of(gateway)[tiny_a.url]["pinned"] == 1  # finished rollouts no longer count on it
 
 
@@ -180,8 +187,8 @@ def test_backend_admin_calls_refuse_unknown_and_last_servers(fleet, start_gatewa
     gateway = start_gateway(databases.new("sqlite"), backends=[tiny_a.url, tiny_b.url])
 
     unknown = admin(gateway, "/backends/drain", json={"url": "http://127.0.0.1:1"})
-    removed = httpx.delete(gateway.url + "/admin/backends", params={"url": tiny_b.url}, timeout=30)
-    last = httpx.delete(gateway.url + "/admin/backends", params={"url": tiny_a.url}, timeout=30)
+    removed = httpx.delete(gateway.url + "/admin/backends", params={"url": tiny_b.url}, timeout=TIMEOUT)
+    last = httpx.delete(gateway.url + "/admin/backends", params={"url": tiny_a.url}, timeout=TIMEOUT)
     malformed = admin(gateway, "/backends", json={"url": "not a url"})
 
     assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "backend_not_found")
@@ -195,7 +202,9 @@ def test_backend_admin_calls_refuse_unknown_and_last_servers(fleet, start_gatewa
 def test_two_replicas_on_postgresql_route_each_rollout_to_one_server(fleet, start_gateway, databases):
     tiny_a, tiny_b, *_ = fleet
     db_url = databases.new("postgresql")
-    replicas = [start_gateway(db_url, *HEALTH, backends=[tiny_a.url, tiny_b.url]) for _ in range(2)]
+    replicas = [
+        start_gateway(db_url, *HEALTH, backends=[tiny_a.url, tiny_b.url], process=True) for _ in range(2)
+    ]
     rollouts = [f"replicated-{i}" for i in range(6)]
 
     call_turn_by_turn(replicas, rollouts, turns=4, tokens=4)
@@ -214,7 +223,7 @@ def test_a_group_started_at_once_spreads_over_the_fleet_within_the_bound(
     store, count = replicas
     servers = [fleet[0].url, fleet[1].url, fleet[3].url, vllm.url]
     db_url = databases.new(store)
-    gateways = [start_gateway(db_url, backends=servers) for _ in range(count)]
+    gateways = [start_gateway(db_url, backends=servers, process=True) for _ in range(count)]
     rollouts = [f"group-{uuid.uuid4().hex[:8]}" for _ in range(64)]
 
     call_turn_by_turn(gateways, rollouts, turns=2, tokens=2)
@@ -235,8 +244,8 @@ def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_ru
     there too, and the server added and then drained through the first is used, then avoided, by it."""
     tiny_a, tiny_b, _, added = fleet
     db_url = databases.new("postgresql")
-    gateway = start_gateway(db_url, *HEALTH, backends=[tiny_a.url, tiny_b.url])
-    other = start_gateway(db_url, *HEALTH, backends=[tiny_a.url, tiny_b.url])
+    gateway = start_gateway(db_url, *HEALTH, backends=[tiny_a.url, tiny_b.url], process=True)
+    other = start_gateway(db_url, *HEALTH, backends=[tiny_a.url, tiny_b.url], process=True)
     wait_until_models_known(gateway, 2)
     rollouts = [f"crash-{i}" for i in range(8)]
     killed_at: list[float] = []
@@ -298,7 +307,7 @@ def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_ru
     killed = state_of(gateway)[tiny_b.url]
     assert (killed["weight_version"], killed["reloads"]) == (None, 0)
     # vLLM itself tags what the added server samples with the fleet's version.
-    assert httpx.get(f"{added.url}/weight_info").json() == {"weight_version": "7"}
+    assert httpx.get(f"{added.url}/weight_info", timeout=TIMEOUT).json() == {"weight_version": "7"}
 
     # The other replica holds the same fleet: the killed server out of service (never re-admitted), the
     # added one in it, taking its new rollouts until it is drained through the first replica.

@@ -3,11 +3,11 @@ at a rollout. `scripts/dev` installs them at the versions pinned in requirements
 missing harness fails the test, it is never skipped.
 
 Claude Code talks Anthropic Messages: its default system prompt and tools are about 24,000 tokens with the
-tiny model's tokenizer, so it runs against the long-context engine (`long_vllm`). The random tiny model
-writes a tool call only when forced: the rollout's sampling imposes a `structured_outputs` regex that spells
-one Bash call, on every call of the agent. Claude Code runs the command, sends its output back, gets the
-same call again, runs it too and stops at `--max-turns 2`: exactly two model calls, the second extending the
-first. Its event stream (`--output-format stream-json`) tells which calls it made and what each tool gave.
+tiny model's tokenizer: the session's engine serves 65,536 positions. The random tiny model writes a tool
+call only when forced: the rollout's sampling imposes a `structured_outputs` regex that spells one Bash call,
+on every call of the agent. Claude Code runs the command, sends its output back, gets the same call again,
+runs it too and stops at `--max-turns 2`: exactly two model calls, the second extending the first. Its
+event stream (`--output-format stream-json`) tells which calls it made and what each tool gave.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from support import VLLM_HEADERS, detokenize, on_store, stored_rollout, tokenize_chat
+from support import TIMEOUT, VLLM_HEADERS, detokenize, on_store, stored_rollout, tokenize_chat
 
 pytestmark = on_store("postgresql")
 
@@ -83,7 +83,7 @@ def replayed(
         "logprobs": 0,
         "return_token_ids": True,
     }
-    response = httpx.post(vllm.url + "/v1/completions", json=body, headers=VLLM_HEADERS, timeout=120)
+    response = httpx.post(vllm.url + "/v1/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT)
     response.raise_for_status()
     choice = response.json()["choices"][0]
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
@@ -91,13 +91,13 @@ def replayed(
 
 @pytest.mark.parametrize("mode", ["passthrough", "exact"])
 def test_claude_code_runs_a_tool_through_the_gateway_and_every_call_is_a_turn_with_the_engines_ids(
-    long_gateway, long_vllm, claude, tmp_path, mode
+    gateway, vllm, claude, tmp_path, mode
 ):
     (tmp_path / "work").mkdir()
     secret = f"kumquat-{uuid.uuid4().hex[:12]}"  # only the file holds it: in a prompt, Bash really ran
     (tmp_path / "work" / "answer.txt").write_text(secret + "\n")
     created = httpx.post(
-        long_gateway.url + "/rollouts", json={"mode": mode, "sampling": SAMPLING}, timeout=30
+        gateway.url + "/rollouts", json={"mode": mode, "sampling": SAMPLING}, timeout=TIMEOUT
     ).json()
 
     code, events = run_claude(claude, created["anthropic_base_url"], tmp_path, "What does answer.txt say?")
@@ -112,7 +112,7 @@ def test_claude_code_runs_a_tool_through_the_gateway_and_every_call_is_a_turn_wi
         "error_max_turns",
         "tool_use",
     )
-    turns = stored_rollout(long_gateway, created["rollout_id"])["turns"]
+    turns = stored_rollout(gateway, created["rollout_id"])["turns"]
     assert [(t["endpoint"], t["status"], t["finish_reason"], t["parent_turn"]) for t in turns] == [
         ("messages", "ok", "tool_calls", None),
         ("messages", "ok", "tool_calls", 0),
@@ -143,18 +143,18 @@ def test_claude_code_runs_a_tool_through_the_gateway_and_every_call_is_a_turn_wi
         # Claude Code's tools, but its deferred placeholder, which Anthropic's API keeps from the model.
         names = [tool["function"]["name"] for tool in turn["tools"]]
         assert ("Bash" in names, "DeferredToolPlaceholder" in names) == (True, False)
-        prompt = detokenize(long_vllm, turn["prompt_token_ids"])
+        prompt = detokenize(vllm, turn["prompt_token_ids"])
         assert CLAUDE_CODE_SYSTEM_PROMPT in prompt
         assert '{"name": "Bash", "description": ' in prompt
         # The engine's own sample: the same ids (the forced call, then <|im_end|>) and logprobs when asked
         # directly for this prompt.
-        ids, logprobs = replayed(long_vllm, turn["prompt_token_ids"])
+        ids, logprobs = replayed(vllm, turn["prompt_token_ids"])
         assert turn["completion_token_ids"] == ids
-        assert detokenize(long_vllm, ids) == BASH_CALL + "<|im_end|>"
+        assert detokenize(vllm, ids) == BASH_CALL + "<|im_end|>"
         assert len(turn["completion_logprobs"]) == len(ids)
         assert turn["completion_logprobs"] == pytest.approx(logprobs, abs=1e-5)
-    assert secret not in detokenize(long_vllm, first["prompt_token_ids"])
-    assert f"<tool_response>\n{secret}\n</tool_response>" in detokenize(long_vllm, second["prompt_token_ids"])
+    assert secret not in detokenize(vllm, first["prompt_token_ids"])
+    assert f"<tool_response>\n{secret}\n</tool_response>" in detokenize(vllm, second["prompt_token_ids"])
     if mode == "exact":
         # The second prompt holds the first prompt and the reply as sampled, then the tool's output.
         exact = first["prompt_token_ids"] + first["completion_token_ids"]
@@ -163,7 +163,7 @@ def test_claude_code_runs_a_tool_through_the_gateway_and_every_call_is_a_turn_wi
     # vLLM's render of the conversation as stored (kept as sent, key order included, on both databases).
     rendered = [t for t in turns if t["splice"] != "exact"]
     assert [t["prompt_token_ids"] for t in rendered] == [
-        tokenize_chat(long_vllm, t["messages"], t["tools"]) for t in rendered
+        tokenize_chat(vllm, t["messages"], t["tools"]) for t in rendered
     ]
 
 
@@ -201,13 +201,13 @@ def run_codex(codex: str, base_url: str, root: Path, task: str) -> subprocess.Co
 
 @pytest.mark.parametrize("mode", ["passthrough", "exact"])
 def test_codex_runs_a_command_through_the_gateway_and_every_call_is_a_turn_with_the_engines_ids(
-    long_gateway, long_vllm, codex, tmp_path, mode
+    gateway, vllm, codex, tmp_path, mode
 ):
     (tmp_path / "work").mkdir()
     secret = f"kumquat-{uuid.uuid4().hex[:12]}"
     (tmp_path / "work" / "answer.txt").write_text(secret + "\n")
     body = {"mode": mode, "sampling": CODEX_SAMPLING, "limits": {"max_turns": 2}}
-    created = httpx.post(long_gateway.url + "/rollouts", json=body, timeout=30).json()
+    created = httpx.post(gateway.url + "/rollouts", json=body, timeout=TIMEOUT).json()
 
     done = run_codex(codex, created["base_url"], tmp_path, "What does answer.txt say?")
 
@@ -217,7 +217,7 @@ def test_codex_runs_a_command_through_the_gateway_and_every_call_is_a_turn_with_
     assert [(c["command"], secret in c["aggregated_output"]) for c in commands] == [
         (c["command"], True) for c in commands
     ] and len(commands) == 2, done.stdout + done.stderr
-    turns = stored_rollout(long_gateway, created["rollout_id"])["turns"]
+    turns = stored_rollout(gateway, created["rollout_id"])["turns"]
     assert [(t["endpoint"], t["status"], t["finish_reason"], t["parent_turn"]) for t in turns] == [
         ("responses", "ok", "tool_calls", None),
         ("responses", "ok", "tool_calls", 0),
@@ -229,20 +229,20 @@ def test_codex_runs_a_command_through_the_gateway_and_every_call_is_a_turn_with_
     assert secret in second["messages"][-1]["content"]
     assert second["request"]["store"] is False and first["response_id"] is None
     for turn in (first, second):
-        prompt = detokenize(long_vllm, turn["prompt_token_ids"])
+        prompt = detokenize(vllm, turn["prompt_token_ids"])
         assert CODEX_SYSTEM_PROMPT in prompt
         assert '{"name": "exec_command", "description": ' in prompt
-        ids, logprobs = replayed(long_vllm, turn["prompt_token_ids"], CODEX_SAMPLING)
+        ids, logprobs = replayed(vllm, turn["prompt_token_ids"], CODEX_SAMPLING)
         assert turn["completion_token_ids"] == ids
-        assert detokenize(long_vllm, ids) == EXEC_CALL + "<|im_end|>"
+        assert detokenize(vllm, ids) == EXEC_CALL + "<|im_end|>"
         assert turn["completion_logprobs"] == pytest.approx(logprobs, abs=1e-5)
-    assert secret not in detokenize(long_vllm, first["prompt_token_ids"])
-    assert secret in detokenize(long_vllm, second["prompt_token_ids"])
+    assert secret not in detokenize(vllm, first["prompt_token_ids"])
+    assert secret in detokenize(vllm, second["prompt_token_ids"])
     if mode == "exact":
         exact = first["prompt_token_ids"] + first["completion_token_ids"]
         assert [t["splice"] for t in turns[:2]] == ["render", "exact"]
         assert second["prompt_token_ids"][: len(exact)] == exact
     else:
         assert [t["prompt_token_ids"] for t in turns[:2]] == [
-            tokenize_chat(long_vllm, t["messages"], t["tools"]) for t in turns[:2]
+            tokenize_chat(vllm, t["messages"], t["tools"]) for t in turns[:2]
         ]

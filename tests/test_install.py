@@ -30,7 +30,7 @@ from gateway.demo.process import ManagedProcess, start_until_ready
 from gateway.demo.vllm_server import VLLMServer
 from gateway.store.database import display_url, head_revision
 
-from support import VLLM_KEY, detokenize, tokenize_chat, wait_for
+from support import TIMEOUT, VLLM_KEY, detokenize, tokenize_chat, wait_for
 
 pytestmark = pytest.mark.engine  # builds, installs and runs the package as processes
 
@@ -203,10 +203,10 @@ def test_the_plain_install_without_extras_records_an_agent_call_on_sqlite(instal
     process, port = start_until_ready(make, "/healthz", host="127.0.0.1", port=None, timeout=60)
     try:
         agent = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/rollouts/plain/v1", api_key="-", max_retries=0
+            base_url=f"http://127.0.0.1:{port}/rollouts/plain/v1", api_key="-", max_retries=0, timeout=TIMEOUT
         )
         agent.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4)
-        stored = httpx.get(f"http://127.0.0.1:{port}/rollouts/plain", timeout=30).json()
+        stored = httpx.get(f"http://127.0.0.1:{port}/rollouts/plain", timeout=TIMEOUT).json()
     finally:
         process.stop()
 
@@ -289,14 +289,14 @@ def served(
     try:
         url = f"http://127.0.0.1:{port}"
         group_id = f"installed-{request.param}"
-        created = httpx.post(f"{url}/rollouts", json={"group_id": group_id}, timeout=30).json()
-        agent = openai.OpenAI(base_url=created["base_url"], api_key="unused", max_retries=0)
+        created = httpx.post(f"{url}/rollouts", json={"group_id": group_id}, timeout=TIMEOUT).json()
+        agent = openai.OpenAI(base_url=created["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
         reply = agent.chat.completions.create(
             model="tiny", messages=MESSAGES, max_tokens=8, temperature=0.0, extra_body={"min_tokens": 8}
         )
         finish = {"status": "completed", "reward": 1.0}
         httpx.post(
-            f"{url}/rollouts/{created['rollout_id']}/finish", json=finish, timeout=30
+            f"{url}/rollouts/{created['rollout_id']}/finish", json=finish, timeout=TIMEOUT
         ).raise_for_status()
         yield Served(url, db_url, workers, migrated, revision, group_id, created, reply)
     finally:
@@ -310,7 +310,9 @@ def test_db_upgrade_of_the_image_install_brings_a_new_database_to_the_checkouts_
 
 def test_the_image_install_serves_with_as_many_gateway_processes_as_asked(served):
     def alive() -> int:
-        return sum(w["alive"] for w in httpx.get(f"{served.url}/admin/state", timeout=30).json()["workers"])
+        return sum(
+            w["alive"] for w in httpx.get(f"{served.url}/admin/state", timeout=TIMEOUT).json()["workers"]
+        )
 
     wait_for(lambda: alive() == served.workers)
 
@@ -318,7 +320,7 @@ def test_the_image_install_serves_with_as_many_gateway_processes_as_asked(served
 def test_the_image_install_records_an_openai_agent_call_with_its_token_ids(served, vllm):
     rollout_id = served.created["rollout_id"]
     stored = httpx.get(
-        f"{served.url}/rollouts/{rollout_id}", params={"include_tokens": "true"}, timeout=30
+        f"{served.url}/rollouts/{rollout_id}", params={"include_tokens": "true"}, timeout=TIMEOUT
     ).json()
 
     assert served.created["base_url"] == f"{served.url}/rollouts/{rollout_id}/v1"
@@ -341,11 +343,11 @@ def test_the_image_install_serves_the_viewer_pages_and_every_asset_they_load(ser
     }
     loaded = set()
     for path, name in pages.items():
-        page = httpx.get(served.url + path, timeout=30)
+        page = httpx.get(served.url + path, timeout=TIMEOUT)
         assert (page.status_code, page.headers["content-type"]) == (200, "text/html; charset=utf-8")
         assert page.text == (static / name).read_text()
         for asset in re.findall(r'<(?:script|link)\b[^>]*\b(?:src|href)="([^"]+)"', page.text):
-            served_asset = httpx.get(served.url + asset, timeout=30)
+            served_asset = httpx.get(served.url + asset, timeout=TIMEOUT)
             file = static / asset.removeprefix("/ui/assets/")
             assert (served_asset.status_code, served_asset.headers["content-type"]) == (
                 200,
@@ -354,7 +356,7 @@ def test_the_image_install_serves_the_viewer_pages_and_every_asset_they_load(ser
             assert served_asset.content == file.read_bytes()
             loaded.add(file.name)
     assert loaded == {file.name for file in static.iterdir() if file.suffix != ".html"}
-    listed = httpx.get(f"{served.url}/ui/api/rollouts", timeout=30).json()["rollouts"]
+    listed = httpx.get(f"{served.url}/ui/api/rollouts", timeout=TIMEOUT).json()["rollouts"]
     assert [(row["rollout_id"], row["status"]) for row in listed] == [(rollout_id, "completed")]
 
 
@@ -369,18 +371,18 @@ def test_the_image_install_serves_the_api_docs_with_their_assets_from_itself(ser
         "/redoc": ["/docs/assets/favicon.png", "/docs/assets/redoc.standalone.js"],
     }
     for path, assets in expected.items():
-        page = httpx.get(served.url + path, timeout=30)
+        page = httpx.get(served.url + path, timeout=TIMEOUT)
         assert (page.status_code, page.headers["content-type"]) == (200, "text/html; charset=utf-8")
         assert re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text) == assets
         for asset in assets:
-            served_asset = httpx.get(served.url + asset, timeout=30)
+            served_asset = httpx.get(served.url + asset, timeout=TIMEOUT)
             name = asset.removeprefix("/docs/assets/")
             assert (served_asset.status_code, served_asset.headers["content-type"]) == (
                 200,
                 CONTENT_TYPES[Path(name).suffix],
             )
             assert served_asset.content == (assets_dir / name).read_bytes()
-    assert httpx.get(f"{served.url}/openapi.json", timeout=30).json()["info"]["title"] == "rl-gateway"
+    assert httpx.get(f"{served.url}/openapi.json", timeout=TIMEOUT).json()["info"]["title"] == "rl-gateway"
 
 
 def test_trainer_client_stats_of_a_trainer_install_reports_the_recorded_call(served, trainer_env):

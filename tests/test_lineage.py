@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from gateway.store.database import make_engine
 from gateway.store.tokens import common_prefix_len
 
-from support import LS_TMP_REGEX, chat, stored_rollout, tokenize_chat
+from support import LS_TMP_REGEX, TIMEOUT, chat, stored_rollout, tokenize_chat
 
 
 def expected_drift(parent: dict, prompt: list[int]) -> int:
@@ -37,14 +37,16 @@ def test_each_turn_records_its_parent_and_exact_drift(gateway, vllm, db_url, rol
         assert turn["drift_tokens"] == expected_drift(parent, turn["prompt_token_ids"])
     # The re-rendered tool call is tokenized differently from the characters the model sampled one by one.
     assert all(t["drift_tokens"] > 0 for t in turns[1:])
-    shown = httpx.get(f"{gateway.url}/rollouts/{rollout_id}").json()["turns"]
+    shown = httpx.get(f"{gateway.url}/rollouts/{rollout_id}", timeout=TIMEOUT).json()["turns"]
     assert [(t["parent_turn"], t["drift_tokens"]) for t in shown] == [
         (t["parent_turn"], t["drift_tokens"]) for t in turns
     ]
 
 
 def test_turn_that_reproduces_its_parent_exactly_has_zero_drift(gateway, vllm, db_url, rollout_id):
-    agent = openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
+    agent = openai.OpenAI(
+        base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
+    )
     first = agent.completions.create(
         model="tiny",
         prompt=tokenize_chat(vllm, [{"role": "user", "content": "Hi"}]),

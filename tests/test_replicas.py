@@ -9,12 +9,12 @@ import httpx
 import openai
 import pytest
 
-from support import async_agent, stored_rollout, tokenize_chat
+from support import TIMEOUT, async_agent, stored_rollout, tokenize_chat
 
 
 def test_two_replicas_writing_one_rollout_never_collide(start_gateway, databases, db_kind, vllm, rollout_id):
     db_url = databases.new(db_kind)
-    replicas = [start_gateway(db_url), start_gateway(db_url)]
+    replicas = [start_gateway(db_url, process=True), start_gateway(db_url, process=True)]
     messages = [{"role": "user", "content": "Say something."}]
 
     async def call(i: int) -> None:
@@ -41,14 +41,18 @@ def test_a_rollout_finished_through_one_replica_takes_no_turn_through_another(
     start_gateway, databases, db_kind, vllm, rollout_id
 ):
     db_url = databases.new(db_kind)
-    writer, finisher = start_gateway(db_url), start_gateway(db_url)
-    agent = openai.OpenAI(base_url=writer.agent_url(rollout_id), api_key="unused", max_retries=0)
+    writer, finisher = start_gateway(db_url, process=True), start_gateway(db_url, process=True)
+    agent = openai.OpenAI(
+        base_url=writer.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
+    )
     messages = [{"role": "user", "content": "Say something."}]
     agent.chat.completions.create(
         model="tiny", messages=messages, max_tokens=3
     )  # the writer knows it running
 
-    finished = httpx.post(f"{finisher.url}/rollouts/{rollout_id}/finish", json={"reward": 1.0})
+    finished = httpx.post(
+        f"{finisher.url}/rollouts/{rollout_id}/finish", json={"reward": 1.0}, timeout=TIMEOUT
+    )
     assert finished.status_code == 200, finished.text
     with pytest.raises(openai.ConflictError) as refused:
         agent.chat.completions.create(model="tiny", messages=messages, max_tokens=3)

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from support import LS_TMP_REGEX, TOOLS, detokenize, on_store, stored_rollout, tokenize_chat
+from support import LS_TMP_REGEX, TIMEOUT, TOOLS, detokenize, on_store, stored_rollout, tokenize_chat
 
 pytestmark = on_store("postgresql")
 
@@ -21,8 +21,12 @@ TOOL = {"type": "function", "name": "ls", **{k: v for k, v in TOOLS[0]["function
 
 
 def rollout(gateway, **body) -> tuple[str, openai.OpenAI]:
-    created = httpx.post(gateway.url + "/rollouts", json={"group_id": "responses", **body}, timeout=30).json()
-    return created["rollout_id"], openai.OpenAI(api_key="unused", base_url=created["base_url"], max_retries=0)
+    created = httpx.post(
+        gateway.url + "/rollouts", json={"group_id": "responses", **body}, timeout=TIMEOUT
+    ).json()
+    return created["rollout_id"], openai.OpenAI(
+        api_key="unused", base_url=created["base_url"], max_retries=0, timeout=TIMEOUT
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -98,7 +102,7 @@ def test_a_function_call_round_trip_through_previous_response_id_extends_the_fir
 def test_an_agents_sdk_agent_runs_its_function_tool_and_sends_the_result_back(gateway, vllm):
     sampling = {"structured_outputs": {"regex": LS_TMP_REGEX}, "temperature": 0.0, "max_tokens": 60}
     created = httpx.post(
-        gateway.url + "/rollouts", json={"group_id": "agents-sdk", "sampling": sampling}, timeout=30
+        gateway.url + "/rollouts", json={"group_id": "agents-sdk", "sampling": sampling}, timeout=TIMEOUT
     ).json()
     listed: list[str] = []
 
@@ -108,7 +112,9 @@ def test_an_agents_sdk_agent_runs_its_function_tool_and_sends_the_result_back(ga
         listed.append(path)
         return "a.txt b.txt"
 
-    client = openai.AsyncOpenAI(api_key="unused", base_url=created["base_url"], max_retries=0)
+    client = openai.AsyncOpenAI(
+        api_key="unused", base_url=created["base_url"], max_retries=0, timeout=TIMEOUT
+    )
     model = agents.OpenAIResponsesModel(model="tiny", openai_client=client)
     agent = agents.Agent(name="lister", instructions="You list directories.", tools=[ls], model=model)
     agents.set_tracing_disabled(True)

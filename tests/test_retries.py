@@ -10,7 +10,7 @@ import openai
 
 from trainer_client import TrainerClient
 
-from support import admin, on_store, stored_rollout, wait_for
+from support import TIMEOUT, admin, on_store, stored_rollout, wait_for
 
 pytestmark = on_store("sqlite")
 
@@ -26,7 +26,7 @@ CHAT = {
 def test_sdk_retry_of_a_timed_out_call_repeats_it_and_is_trained_once(start_gateway, databases, db_kind):
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url)
-    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}).json()
+    rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}, timeout=TIMEOUT).json()
     # The timeout is each attempt's: the retry must be answered within it once the gateway resumes.
     agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=1, timeout=8.0)
     replies: list = []
@@ -45,7 +45,7 @@ def test_sdk_retry_of_a_timed_out_call_repeats_it_and_is_trained_once(start_gate
     assert retry["retry_of"] == first["index"] and first["retry_of"] is None
     assert retry["content"] == replies[0].choices[0].message.content
     httpx.post(
-        f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}
+        f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}, timeout=TIMEOUT
     ).raise_for_status()
     with TrainerClient(db_url) as client:
         samples = client.read().samples

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from support import on_store, stored_rollout, streamed_reply
+from support import TIMEOUT, on_store, stored_rollout, streamed_reply
 
 pytestmark = on_store("postgresql")
 
@@ -19,8 +19,10 @@ SAMPLING = {"temperature": 0.0, "max_tokens": 5, "structured_outputs": {"regex":
 
 def rollout_agent(gateway) -> tuple[str, openai.OpenAI]:
     body = {"group_id": "sampling", "sampling": SAMPLING}
-    created = httpx.post(gateway.url + "/rollouts", json=body, timeout=30).json()
-    return created["rollout_id"], openai.OpenAI(base_url=created["base_url"], api_key="unused", max_retries=0)
+    created = httpx.post(gateway.url + "/rollouts", json=body, timeout=TIMEOUT).json()
+    return created["rollout_id"], openai.OpenAI(
+        base_url=created["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

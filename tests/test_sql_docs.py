@@ -10,6 +10,8 @@ import sqlalchemy as sa
 
 from gateway.store.database import make_engine
 
+from support import TIMEOUT
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "sql.md"
 QUERIES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
 
@@ -21,10 +23,12 @@ def test_docs_have_example_queries():
 def test_every_documented_query_runs_on_a_populated_store(gateway, db_url):
     for group in ("docs-a", "docs-b"):
         for reward in (0.0, 1.0):
-            rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": group}).json()["rollout_id"]
+            rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": group}, timeout=TIMEOUT).json()[
+                "rollout_id"
+            ]
             chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-            httpx.post(gateway.agent_url(rollout) + "/chat/completions", json=chat)
-            httpx.post(f"{gateway.url}/rollouts/{rollout}/finish", json={"reward": reward})
+            httpx.post(gateway.agent_url(rollout) + "/chat/completions", json=chat, timeout=TIMEOUT)
+            httpx.post(f"{gateway.url}/rollouts/{rollout}/finish", json={"reward": reward}, timeout=TIMEOUT)
 
     engine = make_engine(db_url)
     with engine.connect() as conn:

@@ -1,8 +1,7 @@
 """Teacher scores (`trainer-client score`) on rollouts made through the real gateway, scored by a real teacher
 vLLM (the tiny model fine-tuned on the toy task, as `gateway demo --distill` makes it), on SQLite and
 PostgreSQL, read back through the trainer_client API and the export; and distillation end to end, a student
-on a vLLM of its own learning from that teacher. The teacher and the student run only while this module
-does."""
+on the trainable vLLM learning from that teacher."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -21,42 +19,11 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from gateway.demo.vllm_server import VLLMServer
 from trainer_client import SampleOptions, TrainerClient
 from trainer_client.cli import main
 
 import support
-from support import VLLM_HEADERS, VLLM_KEY, run_rollout
-
-TEACHER_CONTEXT = 1024
-"""Shorter than the policy's 2,048: a turn can be too long for the teacher."""
-
-
-@pytest.fixture(scope="module")
-def teacher_vllm(model_dir: Path, work_dir: Path) -> Iterator[VLLMServer]:
-    """The distillation teacher, served as `teacher` behind the session's vLLM key."""
-    from gateway.demo.teacher import build_teacher  # loads transformers: not when the fast tier collects
-    from gateway.demo.train import DEMO_TASK, TEACHER
-
-    teacher = build_teacher(model_dir, work_dir / "teacher", DEMO_TASK)
-    with VLLMServer(
-        teacher,
-        log_path=work_dir / "vllm-teacher.log",
-        served_model_name=TEACHER,
-        api_key=VLLM_KEY,
-        max_model_len=TEACHER_CONTEXT,
-    ) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def student_vllm(model_dir: Path, work_dir: Path) -> Iterator[VLLMServer]:
-    """A vLLM serving a writable copy of the untrained tiny model, which distillation trains."""
-    from gateway.demo.train import fresh_policy
-
-    student = fresh_policy(model_dir, work_dir / "student")
-    with VLLMServer(student, log_path=work_dir / "vllm-student.log") as server:
-        yield server
+from support import TIMEOUT, VLLM_HEADERS, VLLM_KEY, run_rollout
 
 
 @pytest.fixture
@@ -115,7 +82,7 @@ def scored_turns(result: Result) -> int:
 def teacher_answer(teacher, ids: np.ndarray) -> np.ndarray:
     """What the teacher returns when asked directly: its prompt logprob of each of `ids` (0 for the first)."""
     body = {"model": "teacher", "prompt": ids.tolist(), "max_tokens": 1, "prompt_logprobs": 0}
-    reply = httpx.post(teacher.url + "/v1/completions", json=body, headers=VLLM_HEADERS, timeout=60)
+    reply = httpx.post(teacher.url + "/v1/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT)
     reply.raise_for_status()
     entries = reply.json()["choices"][0]["prompt_logprobs"]
     return np.array([0.0] + [entries[i][str(int(ids[i]))]["logprob"] for i in range(1, len(ids))], np.float32)
@@ -188,7 +155,6 @@ def test_scoring_again_scores_only_what_is_new(store, teacher_vllm, score):
 def test_since_scores_only_the_rollouts_created_from_then_on(store, teacher_vllm, score):
     gateway, db_url = store
     run_rollout(gateway, "before", reward=1.0, turns=2)
-    time.sleep(0.05)
     moment = time.time()
     run_rollout(gateway, "after", reward=1.0, turns=1)
 
@@ -234,9 +200,11 @@ def test_a_trainers_scoring_takes_the_newest_finished_groups_and_leaves_the_rest
 
 def test_a_turn_longer_than_the_teachers_context_is_left_unscored_and_said_so(store, teacher_vllm, score):
     gateway, db_url = store
-    created = httpx.post(gateway.url + "/rollouts", json={"group_id": "long"}, timeout=30).json()
+    created = httpx.post(gateway.url + "/rollouts", json={"group_id": "long"}, timeout=TIMEOUT).json()
     body = {"model": "tiny", "messages": [{"role": "user", "content": "a b " * 700}], "max_tokens": 4}
-    assert httpx.post(created["base_url"] + "/chat/completions", json=body, timeout=120).status_code == 200
+    assert (
+        httpx.post(created["base_url"] + "/chat/completions", json=body, timeout=TIMEOUT).status_code == 200
+    )
 
     result = score(db_url, teacher_vllm.url)
 
@@ -297,16 +265,16 @@ def test_bad_score_arguments_are_one_line_errors(args, message, tmp_path: Path, 
 
 
 def test_distillation_through_the_gateway_moves_the_student_to_the_teacher(
-    student_vllm, teacher_vllm, start_gateway, databases
+    policy_vllm, teacher_vllm, start_gateway, databases
 ):
     from gateway.demo.train import distill_config
     from gateway.store.database import make_engine
     from trainer_client.reference.loop import run_loop
 
     db_url = databases.new("postgresql")
-    gateway = start_gateway(db_url, backends=[student_vllm.url])
+    gateway = start_gateway(db_url, backends=[policy_vllm.url])
     config = distill_config(
-        student_vllm.model_dir,
+        policy_vllm.model_dir,
         db_url,
         gateway.url,
         teacher_vllm.url,

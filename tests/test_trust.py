@@ -17,7 +17,7 @@ import pytest
 from gateway.app import warn_if_exposed
 from gateway.settings import Settings
 
-from support import VLLM_KEY, client_of, stored_rollout
+from support import TIMEOUT, VLLM_KEY, client_of, stored_rollout
 
 CONTROL, ADMIN = "control-secret", "admin-secret"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -57,7 +57,7 @@ def keyed(inprocess, vllm):
 def keyed_process(start_gateway, databases, db_kind):
     """The same gateway as a process of its own, for real clients and its real log."""
     flags = ("--control-token", CONTROL, "--admin-token", ADMIN, "--rollout-keys", "--log-level", "debug")
-    return start_gateway(databases.new(db_kind), *flags)
+    return start_gateway(databases.new(db_kind), *flags, process=True)
 
 
 def create(gateway, **body) -> dict:
@@ -106,7 +106,9 @@ def test_rollout_keys_are_answered_once_and_stored_only_as_hashes(keyed, rollout
 
 def test_agent_with_its_key_calls_the_model_through_the_openai_sdk(keyed_process):
     created = create(keyed_process, group_id="g")
-    agent = openai.OpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=0)
+    agent = openai.OpenAI(
+        base_url=created["base_url"], api_key=created["api_key"], max_retries=0, timeout=TIMEOUT
+    )
 
     reply = agent.chat.completions.create(**CHAT)
 
@@ -192,16 +194,21 @@ def test_admin_api_takes_the_control_token_unless_it_has_its_own(inprocess):
 def test_secrets_stay_out_of_stored_turns_metrics_and_logs(keyed_process):
     gateway = keyed_process
     created = create(gateway)
-    agent = openai.OpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=0)
+    agent = openai.OpenAI(
+        base_url=created["base_url"], api_key=created["api_key"], max_retries=0, timeout=TIMEOUT
+    )
     agent.chat.completions.create(**CHAT)
-    httpx.post(f"{created['base_url']}/chat/completions", json=CHAT, headers=bearer("rk-wrong"))
+    httpx.post(
+        f"{created['base_url']}/chat/completions", json=CHAT, headers=bearer("rk-wrong"), timeout=TIMEOUT
+    )
 
     stored = httpx.get(
         f"{gateway.url}/rollouts/{created['rollout_id']}",
         params={"include_messages": "true"},
         headers=bearer(CONTROL),
+        timeout=TIMEOUT,
     ).text
-    metrics = httpx.get(gateway.url + "/metrics").text
+    metrics = httpx.get(gateway.url + "/metrics", timeout=TIMEOUT).text
     log = gateway.log_path.read_text()
     settings = repr(Settings(control_token=CONTROL, admin_token=ADMIN, backend_api_key=VLLM_KEY))
     assert "DEBUG" in log and created["rollout_id"] in stored

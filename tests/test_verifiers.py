@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from support import TIMEOUT
+
 ROLLOUTS = 4
 
 IN_VERIFIERS = """
@@ -85,7 +87,7 @@ def test_a_verifiers_environment_plays_through_the_gateway_its_calls_stored_and_
         answer = httpx.get(
             f"{gateway.url}/rollouts/{episode['rollout_id']}",
             params={"include_tokens": "true", "include_messages": "true"},
-            timeout=30,
+            timeout=TIMEOUT,
         )
         rollout = answer.json()
         (turn,) = rollout["turns"]
@@ -160,7 +162,7 @@ def test_verifiers_token_client_plays_a_multi_turn_environment_its_own_ids_store
     assert ran.returncode == 0, ran.stderr[-3000:]
     played = json.loads(ran.stdout.splitlines()[-1])
     turns = httpx.get(
-        f"{gateway.url}/rollouts/{played['rollout_id']}", params={"include_tokens": "true"}, timeout=30
+        f"{gateway.url}/rollouts/{played['rollout_id']}", params={"include_tokens": "true"}, timeout=TIMEOUT
     ).json()["turns"]
     assert len(turns) == 3 and all(turn["status"] == "ok" for turn in turns)
     assert [(t["prompt_token_ids"], t["completion_token_ids"]) for t in turns] == [

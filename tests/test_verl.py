@@ -17,6 +17,8 @@ import pytest
 
 from gateway.demo.launcher import GatewayProcess
 
+from support import TIMEOUT
+
 REWARDS = [0.0, 0.5, 1.0, 1.0]
 WORDS = {"structured_outputs": {"regex": "[a-z]{3} [a-z]{3}"}}
 """Replies of two short words, ended by the model (a reply cut at `max_tokens` would not be spliced)."""
@@ -59,9 +61,9 @@ def verl_python() -> str:
 
 def play(gateway: GatewayProcess, group_id: str, reward: float, seed: int) -> str:
     """A two-turn rollout of the group (sampled with `seed`), finished with `reward`; its id."""
-    created = httpx.post(f"{gateway.url}/rollouts", json={"group_id": group_id}, timeout=30).json()
+    created = httpx.post(f"{gateway.url}/rollouts", json={"group_id": group_id}, timeout=TIMEOUT).json()
     messages: list[Any] = [{"role": "user", "content": "Say something."}]
-    with openai.OpenAI(base_url=created["base_url"], api_key="-") as client:
+    with openai.OpenAI(base_url=created["base_url"], api_key="-", timeout=TIMEOUT) as client:
         for follow_up in ("More.", None):
             reply = client.chat.completions.create(
                 model="tiny",
@@ -76,7 +78,7 @@ def play(gateway: GatewayProcess, group_id: str, reward: float, seed: int) -> st
     finished = httpx.post(
         f"{gateway.url}/rollouts/{created['rollout_id']}/finish",
         json={"status": "completed", "reward": reward},
-        timeout=30,
+        timeout=TIMEOUT,
     )
     assert finished.status_code == 200, finished.text
     return str(created["rollout_id"])
@@ -92,7 +94,7 @@ def test_verl_takes_a_claimed_group_as_its_data_proto_and_agent_loop_outputs_wit
     rollout_ids = [play(gateway, "verl-group", reward, seed) for seed, reward in enumerate(REWARDS)]
     turns = {
         rollout_id: httpx.get(
-            f"{gateway.url}/rollouts/{rollout_id}", params={"include_tokens": "true"}, timeout=30
+            f"{gateway.url}/rollouts/{rollout_id}", params={"include_tokens": "true"}, timeout=TIMEOUT
         ).json()["turns"]
         for rollout_id in rollout_ids
     }

