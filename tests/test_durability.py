@@ -19,6 +19,14 @@ from support import TIMEOUT, async_agent, stored_rollout, wait_for
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
+@pytest.fixture
+def gateway(start_gateway, databases, db_kind):
+    """A gateway of the test's own: a 30,000-token reply keeps the engine busy for seconds, and a gateway that
+    sees its engine slow to answer health checks may take it out of service for a while (not the session's
+    gateway, then)."""
+    return start_gateway(databases.new(db_kind))
+
+
 def test_killed_gateway_keeps_every_acknowledged_turn(start_gateway, databases, db_kind):
     db_url = databases.new(db_kind)
     first = start_gateway(db_url, process=True)

@@ -31,6 +31,14 @@ BASH_CALL = '<tool_call>{"name": "Bash", "arguments": {"command": "cat answer.tx
 CLAUDE_CODE_SYSTEM_PROMPT = "You are a Claude agent, built on Anthropic's Claude Agent SDK."
 
 
+@pytest.fixture
+def gateway(start_gateway, databases, db_kind):
+    """A gateway of the test's own: a harness's 24,000-token prompts keep the engine busy for seconds, and a
+    gateway that sees its engine slow to answer health checks may take it out of service for a while (not the
+    session's gateway, then)."""
+    return start_gateway(databases.new(db_kind))
+
+
 def literal(text: str) -> str:
     """A regex matching exactly `text` (vLLM's regex grammars do not take every escape `re.escape` writes)."""
     return "".join("\\" + c if c in "\\.^$*+?()[]{}|" else c for c in text)
