@@ -27,6 +27,7 @@ from gateway.app import create_app
 from gateway.demo.launcher import GatewayProcess
 from gateway.demo.process import free_port
 from gateway.demo.vllm_server import VLLMServer
+from gateway.fleet.weights import RELOAD, RELOAD_BODY
 from gateway.settings import Settings
 from gateway.store.database import make_engine
 
@@ -133,8 +134,7 @@ def trainable_vllm(engines: SessionEngines) -> VLLMServer:
 def policy_vllm(trainable_vllm: VLLMServer, model_dir: Path) -> VLLMServer:
     """The trainable vLLM at the tiny model's first weights, whatever an earlier test trained into it."""
     shutil.copy(model_dir / "model.safetensors", trainable_vllm.model_dir / "model.safetensors")
-    reload = {"method": "reload_weights"}
-    httpx.post(f"{trainable_vllm.url}/collective_rpc", json=reload, timeout=TIMEOUT).raise_for_status()
+    httpx.post(trainable_vllm.url + RELOAD, json=RELOAD_BODY, timeout=TIMEOUT).raise_for_status()
     return trainable_vllm
 
 

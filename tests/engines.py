@@ -24,6 +24,7 @@ class SessionEngines:
     def __init__(self, work_dir: Path) -> None:
         self.work_dir = work_dir
         self._model_lock = threading.Lock()
+        self._model_dir: Path | None = None
         self._pool = ThreadPoolExecutor(len(RECIPES), thread_name_prefix="engine")
         self._starts: dict[str, Future[VLLMServer]] = {}
         self._servers: list[VLLMServer] = []
@@ -32,7 +33,9 @@ class SessionEngines:
     def model_dir(self) -> Path:
         """The tiny model with 2,048 positions, built once (the starts share it)."""
         with self._model_lock:
-            return build_tiny_model(self.work_dir / "tiny-model")
+            if self._model_dir is None:
+                self._model_dir = build_tiny_model(self.work_dir / "tiny-model")
+            return self._model_dir
 
     def start_ahead(self, names: list[str]) -> None:
         for name in names:

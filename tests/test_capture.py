@@ -23,6 +23,13 @@ def client(gateway, rollout_id: str) -> openai.OpenAI:
     )
 
 
+def direct_and_through(gateway, vllm, rollout_id: str, body: dict[str, Any]) -> tuple[Any, Any]:
+    """The whole reply vLLM gives `body` directly, and the one the agent gets through the gateway."""
+    direct = httpx.post(vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT)
+    through = httpx.post(gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=TIMEOUT)
+    return direct.json(), through.json()
+
+
 def without_ids(payload: dict[str, Any]) -> dict[str, Any]:
     """A reply minus what differs between two identical requests (its id and creation time)."""
     return {k: v for k, v in payload.items() if k not in ("id", "created")}
@@ -61,12 +68,7 @@ def test_nul_characters_in_a_turn_are_stored_and_lose_nothing(gateway, vllm, db_
 
 def test_agent_receives_exactly_the_reply_vllm_sends_for_its_own_request(gateway, vllm, rollout_id):
     body = {"messages": MESSAGES, **SAMPLING}
-    direct = httpx.post(
-        vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT
-    ).json()
-    through = httpx.post(
-        gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=TIMEOUT
-    ).json()
+    direct, through = direct_and_through(gateway, vllm, rollout_id, body)
 
     assert without_ids(through) == without_ids(direct)
     assert through["prompt_token_ids"] is None
@@ -76,12 +78,7 @@ def test_agent_receives_exactly_the_reply_vllm_sends_for_its_own_request(gateway
 
 def test_agent_that_asks_for_token_ids_and_logprobs_gets_them(gateway, vllm, rollout_id):
     body = {"messages": MESSAGES, **SAMPLING, "return_token_ids": True, "logprobs": True}
-    direct = httpx.post(
-        vllm.url + "/v1/chat/completions", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT
-    ).json()
-    through = httpx.post(
-        gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=TIMEOUT
-    ).json()
+    direct, through = direct_and_through(gateway, vllm, rollout_id, body)
 
     assert without_ids(through) == without_ids(direct)
     assert through["prompt_token_ids"] == tokenize_chat(vllm, MESSAGES)
