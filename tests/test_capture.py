@@ -8,7 +8,7 @@ import httpx
 import openai
 import orjson
 
-from support import TIMEOUT, VLLM_HEADERS, coalesced, detokenize, stored_rollout, tokenize_chat
+from support import TIMEOUT, VLLM_HEADERS, coalesced, detokenize, stored_rollout, sync_agent, tokenize_chat
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -18,9 +18,7 @@ SAMPLING: dict[str, Any] = {"model": "tiny", "max_tokens": 12, "temperature": 0.
 
 
 def client(gateway, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
-    )
+    return sync_agent(gateway.agent_url(rollout_id))
 
 
 def direct_and_through(gateway, vllm, rollout_id: str, body: dict[str, Any]) -> tuple[Any, Any]:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import math
 
 import httpx
-import openai
 import pytest
 
 from trainer_client import SampleOptions, TrainerClient
 
-from support import TIMEOUT, on_store, stored_rollout
+from support import TIMEOUT, on_store, stored_rollout, sync_agent
 
 pytestmark = on_store("postgresql")
 
@@ -21,9 +20,7 @@ MESSAGES = [{"role": "user", "content": "Say something."}]
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_each_choice_is_stored_as_its_own_turn(gateway, rollout_id, stream):
-    agent = openai.OpenAI(
-        base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
-    )
+    agent = sync_agent(gateway.agent_url(rollout_id))
     body = {"model": "tiny", "messages": MESSAGES, "n": 3, "max_tokens": 6, "temperature": 1.0}
     extra = {"return_token_ids": True, "min_tokens": 2}
 

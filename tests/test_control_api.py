@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 
-from support import TIMEOUT, stored_rollout
+from support import TIMEOUT, stored_rollout, sync_agent
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "min_tokens": 3}
 
@@ -46,7 +45,7 @@ def test_rollout_creation_is_idempotent_on_its_id(gateway, rollout_id):
 
 def test_base_url_works_with_an_unmodified_openai_client(gateway, db_url):
     created = httpx.post(gateway.url + "/rollouts", json={"group_id": "g-sdk"}, timeout=TIMEOUT).json()
-    agent = openai.OpenAI(base_url=created["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
+    agent = sync_agent(created["base_url"])
     agent.chat.completions.create(model="tiny", messages=CHAT["messages"], max_tokens=3)
 
     rollout = stored_rollout(gateway, created["rollout_id"])

@@ -6,7 +6,6 @@ import asyncio
 import threading
 
 import httpx
-import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -14,7 +13,7 @@ from aiohttp import web
 from gateway.demo.launcher import GatewayProcess
 from gateway.demo.process import free_port
 
-from support import TIMEOUT, async_agent, stored_rollout, wait_for
+from support import TIMEOUT, async_agent, stored_rollout, sync_agent, wait_for
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -52,9 +51,7 @@ def test_killed_gateway_keeps_every_acknowledged_turn(start_gateway, databases, 
         ).json()["turns"]
         assert [(t["status"], t["stream"]) for t in turns] == [("ok", False), ("ok", True)]
         assert turns[1]["prompt_token_ids"] == turns[0]["prompt_token_ids"]
-    agent = openai.OpenAI(
-        base_url=second.agent_url(acknowledged[0]), api_key="unused", max_retries=0, timeout=TIMEOUT
-    )
+    agent = sync_agent(second.agent_url(acknowledged[0]))
     agent.chat.completions.create(**CHAT)
     assert [t["index"] for t in stored_rollout(second, acknowledged[0])["turns"]] == [0, 1, 2]
 

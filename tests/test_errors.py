@@ -8,7 +8,7 @@ import pytest
 
 from gateway.demo.process import free_port
 
-from support import TIMEOUT, VLLM_HEADERS, assert_openai_error, on_store, stored_rollout
+from support import TIMEOUT, VLLM_HEADERS, assert_openai_error, on_store, stored_rollout, sync_agent
 
 pytestmark = on_store("postgresql")
 
@@ -80,9 +80,7 @@ def test_request_vllm_refuses_is_passed_on_and_stored_as_an_error_turn(gateway, 
 def test_unreachable_backend_gives_503_and_an_error_turn(start_gateway, databases, db_kind, rollout_id):
     db_url = databases.new(db_kind)
     dead = start_gateway(db_url, backends=[f"http://127.0.0.1:{free_port()}"])
-    client = openai.OpenAI(
-        base_url=dead.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
-    )
+    client = sync_agent(dead.agent_url(rollout_id))
 
     with pytest.raises(openai.InternalServerError) as raised:
         client.chat.completions.create(**CHAT)
@@ -102,9 +100,7 @@ def test_unreachable_backend_gives_503_and_an_error_turn(start_gateway, database
 def test_second_backend_serves_when_the_first_is_down(start_gateway, databases, db_kind, vllm, rollout_id):
     db_url = databases.new(db_kind)
     pair = start_gateway(db_url, backends=[f"http://127.0.0.1:{free_port()}", vllm.url])
-    client = openai.OpenAI(
-        base_url=pair.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
-    )
+    client = sync_agent(pair.agent_url(rollout_id))
     for _ in range(2):
         client.chat.completions.create(**CHAT)
     turns = stored_rollout(pair, rollout_id)["turns"]

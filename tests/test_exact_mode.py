@@ -7,13 +7,21 @@ import itertools
 import json
 
 import httpx
-import openai
 import pytest
 
 from gateway.demo.tiny_model import THINK_STRIPPING_CHAT_TEMPLATE
 from trainer_client import SampleOptions, TrainerClient
 
-from support import TIMEOUT, TOOLS, VLLM_HEADERS, detokenize, stored_rollout, streamed_reply, tokenize_chat
+from support import (
+    TIMEOUT,
+    TOOLS,
+    VLLM_HEADERS,
+    detokenize,
+    stored_rollout,
+    streamed_reply,
+    sync_agent,
+    tokenize_chat,
+)
 
 THINK_THEN_CALL = (
     r'<think>[a-z]{2,6}</think><tool_call>\{"name": "ls", "arguments": \{"path": "/tmp"\}\}</tool_call>'
@@ -24,7 +32,7 @@ TURNS = 5
 def run_agent(base_url: str, *, stream: bool) -> list[dict]:
     """Five turns of think + tool call; each tool result is followed by a user message, so the template strips
     the thinking of every earlier answer when it re-renders the history."""
-    agent = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=TIMEOUT)
+    agent = sync_agent(base_url)
     messages: list[dict] = [
         {"role": "system", "content": "Think, then list /tmp."},
         {"role": "user", "content": "Go."},
@@ -125,7 +133,7 @@ def test_pass_through_on_a_think_stripping_template_drifts_and_does_not_merge(
 
 def test_rollout_can_choose_exact_mode_and_a_cut_reply_falls_back_to_the_plain_render(gateway, vllm, db_url):
     rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
+    agent = sync_agent(rollout["base_url"])
     messages = [{"role": "user", "content": "Hi"}]
     first = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
     messages += [
@@ -152,7 +160,7 @@ def test_edited_history_in_exact_mode_forks_and_splices_nothing(start_gateway, d
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url, "--mode", "exact")
     rollout = httpx.post(gateway.url + "/rollouts", json={}, timeout=TIMEOUT).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
+    agent = sync_agent(rollout["base_url"])
     history = [{"role": "user", "content": "Tell me about /tmp."}]
     reply = agent.chat.completions.create(
         model="tiny",
@@ -187,7 +195,7 @@ def test_backend_without_token_endpoints_is_reported_and_served_in_pass_through(
     upstream = gateway.agent_url("chained")[: -len("/v1")]
     db_url = databases.new(db_kind)
     chained = start_gateway(db_url, "--mode", "exact", backends=[upstream], process=True)
-    agent = openai.OpenAI(base_url=chained.agent_url("r"), api_key="unused", max_retries=0, timeout=TIMEOUT)
+    agent = sync_agent(chained.agent_url("r"))
     messages = [{"role": "user", "content": "Hi"}]
 
     sampling = {"max_tokens": 4, "temperature": 0.0}
@@ -211,7 +219,7 @@ def exact_turns_then_several_choices(gateway, stream: bool) -> tuple[list[dict],
     """A first turn that ends its reply, then a call with 3 choices extending it (streamed or whole): the
     stored turns, and each choice's ids as the agent received them."""
     rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
+    agent = sync_agent(rollout["base_url"])
     messages = [{"role": "user", "content": "Hi"}]
     answer = {"regex": "[a-z]{3,8}"}
     first = agent.chat.completions.create(
@@ -255,7 +263,7 @@ def test_several_choices_in_exact_mode_each_extend_the_parent_exactly(
 
 def test_an_exact_reply_is_what_vllms_chat_endpoint_answers_for_the_same_prompt_ids(gateway, vllm):
     rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
+    agent = sync_agent(rollout["base_url"])
     messages = [{"role": "user", "content": "Hi"}]
     request = {"model": "tiny", "max_tokens": 12, "temperature": 1.0, "seed": 5, "logprobs": True}
     answer = {"structured_outputs": {"regex": "[a-z]{3,8}"}}  # a reply that ends: the next turn splices

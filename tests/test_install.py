@@ -22,7 +22,6 @@ from importlib import resources
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
@@ -30,7 +29,7 @@ from gateway.demo.process import ManagedProcess, start_until_ready
 from gateway.demo.vllm_server import VLLMServer
 from gateway.store.database import display_url, head_revision
 
-from support import TIMEOUT, VLLM_KEY, detokenize, tokenize_chat, wait_for
+from support import TIMEOUT, VLLM_KEY, detokenize, sync_agent, tokenize_chat, wait_for
 
 pytestmark = pytest.mark.engine  # builds, installs and runs the package as processes
 
@@ -202,9 +201,7 @@ def test_the_plain_install_without_extras_records_an_agent_call_on_sqlite(instal
 
     process, port = start_until_ready(make, "/healthz", host="127.0.0.1", port=None, timeout=60)
     try:
-        agent = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/rollouts/plain/v1", api_key="-", max_retries=0, timeout=TIMEOUT
-        )
+        agent = sync_agent(f"http://127.0.0.1:{port}/rollouts/plain/v1")
         agent.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4)
         stored = httpx.get(f"http://127.0.0.1:{port}/rollouts/plain", timeout=TIMEOUT).json()
     finally:
@@ -290,7 +287,7 @@ def served(
         url = f"http://127.0.0.1:{port}"
         group_id = f"installed-{request.param}"
         created = httpx.post(f"{url}/rollouts", json={"group_id": group_id}, timeout=TIMEOUT).json()
-        agent = openai.OpenAI(base_url=created["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
+        agent = sync_agent(created["base_url"])
         reply = agent.chat.completions.create(
             model="tiny", messages=MESSAGES, max_tokens=8, temperature=0.0, extra_body={"min_tokens": 8}
         )

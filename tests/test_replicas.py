@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from support import TIMEOUT, async_agent, stored_rollout, tokenize_chat
+from support import TIMEOUT, async_agent, stored_rollout, sync_agent, tokenize_chat
 
 
 def test_two_replicas_writing_one_rollout_never_collide(start_gateway, databases, db_kind, vllm, rollout_id):
@@ -42,9 +42,7 @@ def test_a_rollout_finished_through_one_replica_takes_no_turn_through_another(
 ):
     db_url = databases.new(db_kind)
     writer, finisher = start_gateway(db_url, process=True), start_gateway(db_url, process=True)
-    agent = openai.OpenAI(
-        base_url=writer.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
-    )
+    agent = sync_agent(writer.agent_url(rollout_id))
     messages = [{"role": "user", "content": "Say something."}]
     agent.chat.completions.create(
         model="tiny", messages=messages, max_tokens=3

@@ -13,7 +13,16 @@ import httpx
 import openai
 import pytest
 
-from support import LS_TMP_REGEX, TIMEOUT, TOOLS, detokenize, on_store, stored_rollout, tokenize_chat
+from support import (
+    LS_TMP_REGEX,
+    TIMEOUT,
+    TOOLS,
+    detokenize,
+    on_store,
+    stored_rollout,
+    sync_agent,
+    tokenize_chat,
+)
 
 pytestmark = on_store("postgresql")
 
@@ -24,9 +33,7 @@ def rollout(gateway, **body) -> tuple[str, openai.OpenAI]:
     created = httpx.post(
         gateway.url + "/rollouts", json={"group_id": "responses", **body}, timeout=TIMEOUT
     ).json()
-    return created["rollout_id"], openai.OpenAI(
-        api_key="unused", base_url=created["base_url"], max_retries=0, timeout=TIMEOUT
-    )
+    return created["rollout_id"], sync_agent(created["base_url"])
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

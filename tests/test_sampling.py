@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from support import TIMEOUT, on_store, stored_rollout, streamed_reply
+from support import TIMEOUT, on_store, stored_rollout, streamed_reply, sync_agent
 
 pytestmark = on_store("postgresql")
 
@@ -20,9 +20,7 @@ SAMPLING = {"temperature": 0.0, "max_tokens": 5, "structured_outputs": {"regex":
 def rollout_agent(gateway) -> tuple[str, openai.OpenAI]:
     body = {"group_id": "sampling", "sampling": SAMPLING}
     created = httpx.post(gateway.url + "/rollouts", json=body, timeout=TIMEOUT).json()
-    return created["rollout_id"], openai.OpenAI(
-        base_url=created["base_url"], api_key="unused", max_retries=0, timeout=TIMEOUT
-    )
+    return created["rollout_id"], sync_agent(created["base_url"])
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

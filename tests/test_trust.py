@@ -11,13 +11,12 @@ import subprocess
 import sys
 
 import httpx
-import openai
 import pytest
 
 from gateway.app import warn_if_exposed
 from gateway.settings import Settings
 
-from support import TIMEOUT, VLLM_KEY, client_of, stored_rollout
+from support import TIMEOUT, VLLM_KEY, client_of, stored_rollout, sync_agent
 
 CONTROL, ADMIN = "control-secret", "admin-secret"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -106,9 +105,7 @@ def test_rollout_keys_are_answered_once_and_stored_only_as_hashes(keyed, rollout
 
 def test_agent_with_its_key_calls_the_model_through_the_openai_sdk(keyed_process):
     created = create(keyed_process, group_id="g")
-    agent = openai.OpenAI(
-        base_url=created["base_url"], api_key=created["api_key"], max_retries=0, timeout=TIMEOUT
-    )
+    agent = sync_agent(created["base_url"], api_key=created["api_key"])
 
     reply = agent.chat.completions.create(**CHAT)
 
@@ -194,9 +191,7 @@ def test_admin_api_takes_the_control_token_unless_it_has_its_own(inprocess):
 def test_secrets_stay_out_of_stored_turns_metrics_and_logs(keyed_process):
     gateway = keyed_process
     created = create(gateway)
-    agent = openai.OpenAI(
-        base_url=created["base_url"], api_key=created["api_key"], max_retries=0, timeout=TIMEOUT
-    )
+    agent = sync_agent(created["base_url"], api_key=created["api_key"])
     agent.chat.completions.create(**CHAT)
     httpx.post(
         f"{created['base_url']}/chat/completions", json=CHAT, headers=bearer("rk-wrong"), timeout=TIMEOUT

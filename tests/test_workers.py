@@ -12,10 +12,9 @@ import uuid
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
-from support import TIMEOUT, admin, stored_rollout, wait_for
+from support import TIMEOUT, admin, stored_rollout, sync_agent, wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -29,9 +28,7 @@ def workers(start_gateway, databases):
 
 def call(gateway: Any, rollout_id: str) -> None:
     """One agent call on a connection of its own, so that either worker may take it."""
-    with openai.OpenAI(
-        base_url=gateway.agent_url(rollout_id), api_key="-", max_retries=0, timeout=TIMEOUT
-    ) as agent:
+    with sync_agent(gateway.agent_url(rollout_id)) as agent:
         agent.chat.completions.create(
             model="tiny",
             messages=[{"role": "user", "content": "Hi"}],

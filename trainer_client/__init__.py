@@ -21,13 +21,46 @@ The same samples for the trainers teams already run: `trainer_client.hf` (Huggin
 `trainer_client.skyrl` (SkyRL's generator output).
 """
 
-from gateway.store.groups import SampleOptions
-from gateway.store.samples import MergedSample, StepSample
-from trainer_client.batch import Batch
-from trainer_client.client import TrainerClient
-from trainer_client.distributed import DistributedClaims, Shard, StepFailed, shard_batch, sum_gradients
-from trainer_client.loss import distillation_advantages, grpo_loss, teacher_kl
-from trainer_client.sync import GatewayAdmin
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.store.groups import SampleOptions
+    from gateway.store.samples import MergedSample, StepSample
+    from trainer_client.batch import Batch
+    from trainer_client.client import TrainerClient
+    from trainer_client.distributed import DistributedClaims, Shard, StepFailed, shard_batch, sum_gradients
+    from trainer_client.loss import distillation_advantages, grpo_loss, teacher_kl
+    from trainer_client.sync import GatewayAdmin
+
+_HOMES = {
+    "Batch": "trainer_client.batch",
+    "DistributedClaims": "trainer_client.distributed",
+    "GatewayAdmin": "trainer_client.sync",
+    "MergedSample": "gateway.store.samples",
+    "SampleOptions": "gateway.store.groups",
+    "Shard": "trainer_client.distributed",
+    "StepFailed": "trainer_client.distributed",
+    "StepSample": "gateway.store.samples",
+    "TrainerClient": "trainer_client.client",
+    "distillation_advantages": "trainer_client.loss",
+    "grpo_loss": "trainer_client.loss",
+    "shard_batch": "trainer_client.distributed",
+    "sum_gradients": "trainer_client.distributed",
+    "teacher_kl": "trainer_client.loss",
+}
+"""Where each name lives, imported on first use: torch loads with the names that need it, so that
+`trainer-client stats` and `export` (and an analyst's reads) start without it."""
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'trainer_client' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
 
 __all__ = [
     "Batch",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from gateway.store.samples import MergedSample, StepSample
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: reading and exporting samples need none
+    import torch
 
 Sample = StepSample | MergedSample
 
@@ -28,6 +30,8 @@ class Batch:
         return list(dict.fromkeys(s.rollout_id for s in self.samples))
 
     def padded(self, pad_id: int = 0) -> dict[str, torch.Tensor]:
+        import torch
+
         """Right-padded [B, L] tensors; `old_logprobs[b, t]` is the sampling logprob of `input_ids[b, t]`
         (0 on prompt and padding), `advantages[b, t]` the sample's advantage on its loss tokens; samples read
         with a teacher add `teacher_logprobs`, aligned like `old_logprobs`."""
@@ -66,6 +70,8 @@ class Batch:
         """All samples in one [1, T] row for variable-length attention kernels: `cu_seqlens` [B + 1] marks
         where each sample starts, `position_ids` restart at 0 for each (and `teacher_logprobs` as in
         `padded`)."""
+        import torch
+
         parts_ids, parts_mask, parts_logprobs, parts_adv = [], [], [], []
         for sample in self.samples:
             mask = sample.loss_mask.astype(np.float32)
