@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import threading
 from collections.abc import Callable
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier as BarrierType
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from gateway.store.database import ensure_schema
+from gateway.store.database import current_revision, ensure_schema, head_revision, make_engine
 from gateway.store.records import NewRollout, Reward
 from gateway.store.store import Store
 
@@ -57,3 +60,31 @@ def test_two_writers_crossing_the_same_rollouts_wait_instead_of_deadlocking(data
         replica_b.close()
 
     assert [r.getMessage() for r in caplog.records if "conflicted" in r.getMessage()] == []
+
+
+def _start_replica(url: str, together: BarrierType, failed: Queue) -> None:
+    """What a `gateway serve` process does first, once every replica is at the start line."""
+    together.wait()
+    try:
+        ensure_schema(url)
+    except Exception as exc:  # every failure is reported
+        failed.put(repr(exc))
+
+
+def test_replicas_starting_together_on_an_empty_database_migrate_it_once_and_all_start(databases):
+    url = databases.new("postgresql")
+    spawn = multiprocessing.get_context("spawn")
+    together, failed = spawn.Barrier(4), spawn.Queue()
+    replicas = [spawn.Process(target=_start_replica, args=(url, together, failed)) for _ in range(4)]
+    for replica in replicas:
+        replica.start()
+    for replica in replicas:
+        replica.join()
+
+    assert [replica.exitcode for replica in replicas] == [0] * 4
+    assert [failed.get() for _ in range(failed.qsize())] == []
+    engine = make_engine(url)
+    try:
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()

@@ -14,7 +14,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Select
@@ -89,8 +89,8 @@ def _json_dumps(value: object) -> str:
 
 def _json_dumps_nul_free(value: object) -> str:
     """JSON for PostgreSQL, whose JSONB refuses the NUL character: it is stored as U+FFFD there."""
-    text = orjson.dumps(value).decode()
-    return orjson.dumps(_without_nul(value)).decode() if "\\u0000" in text else text
+    dumped = orjson.dumps(value).decode()
+    return orjson.dumps(_without_nul(value)).decode() if "\\u0000" in dumped else dumped
 
 
 def _without_nul(value: Any) -> Any:
@@ -241,10 +241,21 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+_MIGRATION_LOCK = 0x726C_DB00
+
+
 def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate in one transaction. On PostgreSQL, under a lock of the schema's own: replicas started together
+    on an empty database migrate one after the other (the later ones find it done) instead of creating the
+    same tables at once."""
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(
+                    text("SELECT pg_advisory_xact_lock(:key, hashtext(current_schema()))"),
+                    {"key": _MIGRATION_LOCK},
+                )
             config = alembic_config(url)
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
