@@ -3,8 +3,8 @@ after the last of them.
 
 A server takes most of a minute to start, much of it waiting on its own processes. The session knows, from
 the tests it collected and their order, which server each test needs (`wanted`): as each test begins, the
-servers the next tests need are started in the background (a few at a time: memory is finite), and those
-no later test needs are stopped. The tests that need no engine run first (conftest sorts them so), so the
+servers the next tests need are started in the background (two at a time), and those no later test needs
+are stopped. The tests that need no engine run first (conftest sorts them so), so the
 first servers start while they run; a test then waits only for what is not up yet.
 """
 
@@ -22,12 +22,9 @@ from gateway.demo.vllm_server import VLLMServer
 
 from support import TEACHER_CONTEXT, VLLM_KEY
 
-LIVE = 6
-"""Servers up or starting at once, at most (each holds about 2 GB; the machine has 24): the session's three,
-and those of the module running and of the next ones."""
-STARTING = 2
-"""Servers starting at once, at most: on two cores, more only slow each other down, and the first needed
-starts first."""
+AHEAD = 2
+"""Servers started ahead of their first test, at most: they start while other tests run, which they slow down
+(two cores), so only those the next tests need."""
 
 TEMPLATE_FAMILIES = [name for name in FAMILIES if name != "chatml"]
 """The families with a server of their own (chatml is the session's engine's). None can share one: each has
@@ -57,7 +54,7 @@ class SessionEngines:
         self.work_dir = work_dir
         self._model_lock = threading.Lock()
         self._model_dir: Path | None = None
-        self._pool = ThreadPoolExecutor(STARTING, thread_name_prefix="engine")
+        self._pool = ThreadPoolExecutor(AHEAD, thread_name_prefix="engine")
         self._servers: dict[str, VLLMServer] = {}
         self._starts: dict[str, Future[VLLMServer]] = {}
         self._stopped: set[str] = set()
@@ -78,16 +75,20 @@ class SessionEngines:
 
     def advance(self, index: int) -> None:
         """As the test at `index` in the plan begins: stop the servers no test from here on needs, and start
-        those needed next while fewer than `LIVE` are up or starting."""
+        those needed next while fewer than `AHEAD` are starting or waiting for their first test."""
         for name, start in self._starts.items():
             if self._last_use[name] < index and name not in self._stopped and start.done():
                 self._stopped.add(name)
                 self._servers[name].stop()
+        ahead = sum(1 for name in self._starts if self._first_use[name] > index)
         for name in sorted(self._first_use, key=self._first_use.__getitem__):
-            if len(self._starts) - len(self._stopped) >= LIVE:
-                break
-            if name not in self._starts and self._last_use[name] >= index:
-                self._starts[name] = self._pool.submit(self._start, name)
+            if name in self._starts or self._last_use[name] < index:
+                continue
+            if self._first_use[name] > index:
+                if ahead >= AHEAD:
+                    break
+                ahead += 1
+            self._starts[name] = self._pool.submit(self._start, name)
 
     def get(self, name: str) -> VLLMServer:
         """The server, once it answers (started now if it was not started ahead)."""

@@ -25,7 +25,7 @@ from gateway.demo.launcher import GatewayProcess
 from gateway.demo.process import free_port
 from gateway.settings import Settings
 
-from support import TIMEOUT, admin, assert_openai_error, stored_rollout, sync_agent, wait_for
+from support import TIMEOUT, VLLM_HEADERS, admin, assert_openai_error, stored_rollout, sync_agent, wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -51,6 +51,11 @@ def call(gateway: GatewayProcess, rollout_id: str, tokens: int = 2) -> Any:
         )
 
 
+def engine(vllm: Any, path: str, **kwargs: Any) -> None:
+    """One of vLLM's own development endpoints (`/pause`, `/resume`)."""
+    httpx.post(vllm.url + path, headers=VLLM_HEADERS, timeout=TIMEOUT, **kwargs).raise_for_status()
+
+
 def versions(gateway: GatewayProcess, rollout_id: str) -> list[str]:
     return [turn["policy_version"] for turn in stored_rollout(gateway, rollout_id)["turns"]]
 
@@ -66,10 +71,9 @@ def replicas(start_gateway, databases) -> tuple[GatewayProcess, GatewayProcess]:
 def test_a_pause_through_one_replica_waits_for_anothers_calls_holds_its_new_ones_and_resumes_through_it(
     start_gateway, databases, vllm
 ):
-    # B's call in flight lasts seconds (4,000 tokens), long enough to be seen in flight whatever
-    # the machine's speed (600 tokens of the default engine once ended before a first look at B's state).
-    # B's heartbeats can lag for seconds while the engine fills both cores: a replica serving a long call is
-    # not to be taken for dead here (a pause then stops waiting for it).
+    # B's call is held by the engine itself (vLLM's own pause, "keep": what reaches it waits), so it is still
+    # in flight whenever the test looks, however slow the machine; the engine lets it go once A's pause waits
+    # for it. B's heartbeats can lag for seconds on a loaded machine: it is not to be taken for dead here.
     db_url = databases.new("postgresql")
     a, b = (start_gateway(db_url, *NEVER_LATE, backends=[vllm.url], process=True) for _ in range(2))
     wait_for(lambda: len(alive(a)) == 2)
@@ -79,11 +83,17 @@ def test_a_pause_through_one_replica_waits_for_anothers_calls_holds_its_new_ones
         call(b, "held")
         ended["held"] = time.monotonic()
 
-    with ThreadPoolExecutor(2) as pool:
-        in_flight = pool.submit(call, b, "in-flight", 4000)
-        wait_for(lambda: in_flight.done() or admin(b, "/state").json()["in_flight"] == 1)  # B's own count
-        assert not in_flight.done(), in_flight.exception()
-        paused = admin(a, "/pause", timeout=300)  # until B's call has ended
+    with ThreadPoolExecutor(3) as pool:
+        engine(vllm, "/pause", params={"mode": "keep"})
+        try:
+            in_flight = pool.submit(call, b, "in-flight")
+            wait_for(lambda: admin(b, "/state").json()["in_flight"] == 1)  # B's own count
+            pausing = pool.submit(admin, a, "/pause", timeout=TIMEOUT)  # until B's call has ended
+            wait_for(lambda: admin(a, "/state").json()["paused"])  # under way
+            mid_pause = not pausing.done()
+        finally:
+            engine(vllm, "/resume")
+        paused = pausing.result()
         paused_at = time.time()
         held = pool.submit(held_call)
         wait_for(lambda: admin(b, "/state").json()["waiting"] == 1)
@@ -91,6 +101,7 @@ def test_a_pause_through_one_replica_waits_for_anothers_calls_holds_its_new_ones
         resumed = admin(b, "/resume")
         in_flight.result(), held.result()
 
+    assert mid_pause
     assert (paused.status_code, paused.json()["paused"], paused.json()["in_flight"]) == (200, True, 0)
     assert paused.json()["paused_by"] == alive(a)[0]["process_id"]
     (long_turn,) = stored_rollout(a, "in-flight")["turns"]

@@ -126,6 +126,7 @@ def test_the_viewer_shows_rollouts_and_their_exact_tokens_with_only_the_gateway_
     drifted = [t["index"] for t in stored_rollout(gateway, "tools")["turns"] if (t["drift_tokens"] or 0) > 0]
     page.goto(f"{gateway.url}/ui/rollouts/tools")
     page.wait_for_selector("li.turn")
+    draw_every_token(page, "#turns")  # a marker is drawn with its turn's tokens
     assert drifted and all(page.locator(f"#turn-{i} .tokens .marker.drift").count() == 1 for i in drifted)
     page.goto(f"{gateway.url}/ui/rollouts/forked")
     page.wait_for_selector("li.turn")

