@@ -3,8 +3,8 @@ after the last of them.
 
 A server takes most of a minute to start, much of it waiting on its own processes. The session knows, from
 the tests it collected and their order, which server each test needs (`wanted`): as each test begins, the
-servers the next tests need are started in the background (two at a time), and those no later test needs
-are stopped. The tests that need no engine run first (conftest sorts them so), so the
+servers the next tests need are started in the background (three ahead at most, two at a time), and those
+no later test needs are stopped. The tests that need no engine run first (conftest sorts them so), so the
 first servers start while they run; a test then waits only for what is not up yet.
 """
 
@@ -22,9 +22,11 @@ from gateway.demo.vllm_server import VLLMServer
 
 from support import TEACHER_CONTEXT, VLLM_KEY
 
-AHEAD = 2
+AHEAD = 3
 """Servers started ahead of their first test, at most: they start while other tests run, which they slow down
-(two cores), so only those the next tests need."""
+(two cores), so only those the next tests need (the fleet's first test needs three new ones)."""
+STARTING = 2
+"""Servers starting at once, at most: the first needed starts first."""
 
 TEMPLATE_FAMILIES = [name for name in FAMILIES if name != "chatml"]
 """The families with a server of their own (chatml is the session's engine's). None can share one: each has
@@ -54,7 +56,7 @@ class SessionEngines:
         self.work_dir = work_dir
         self._model_lock = threading.Lock()
         self._model_dir: Path | None = None
-        self._pool = ThreadPoolExecutor(AHEAD, thread_name_prefix="engine")
+        self._pool = ThreadPoolExecutor(STARTING, thread_name_prefix="engine")
         self._servers: dict[str, VLLMServer] = {}
         self._starts: dict[str, Future[VLLMServer]] = {}
         self._stopped: set[str] = set()

@@ -232,13 +232,17 @@ def carries_something(chunk: dict[str, Any]) -> bool:
 
 def coalesced(chunks: list[dict[str, Any]], *, call_text: bool = True) -> list[dict[str, Any]]:
     """The chunks with each run of one kind of text (content, reasoning, one tool call) joined into one, and
-    a finish chunk's text moved into the run before it. vLLM sends a chunk per engine step, and a step brings
-    several tokens when the stream's reader lags, so where a run breaks depends on timing. Without
+    a finish chunk's text moved into the run before it, and a chunk of empty text left out. vLLM sends a chunk
+    per engine step, and a step brings several tokens when the stream's reader lags, so where a run breaks
+    depends on timing, and so does whether a parser writes an empty text for a step of markup alone (seen:
+    DeepSeek's, before a tool call). Without
     `call_text`, tool calls' text is left out: vLLM's Mistral parser writes a call's arguments differently as
     a step brings one token or several (seen: a leading ': ')."""
     joined: list[dict[str, Any]] = []
     for piece in (piece for chunk in chunks for piece in _finish_apart(chunk)):
         kind = _text_kind(piece)
+        if kind is not None and kind[0] != "tool_calls" and not piece["choices"][0]["delta"][kind[0]]:
+            continue
         if kind is not None and joined and _text_kind(joined[-1]) == kind:
             _join(joined[-1]["choices"][0]["delta"], piece["choices"][0]["delta"])
         else:
