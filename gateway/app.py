@@ -6,19 +6,23 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI
 
 from gateway import __version__
 from gateway.access_log import AccessLog
+from gateway.admin.context import AdminContext
 from gateway.admin.router import router as admin_router
-from gateway.admin.traffic import Traffic
 from gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
 from gateway.anthropic.router import router as anthropic_router
+from gateway.auth import Tokens
+from gateway.control.context import ControlContext
 from gateway.control.router import health_router
 from gateway.control.router import router as control_router
 from gateway.encoding import JsonResponse
 from gateway.errors import install_error_handlers
+from gateway.fleet.collector import FleetCollector
 from gateway.fleet.discovery import BackendFile
 from gateway.fleet.pool import BackendPool
 from gateway.metrics import Metrics
@@ -31,10 +35,11 @@ from gateway.openai.protocol import (
 from gateway.openai.router import router as openai_router
 from gateway.openai.router import tokens_router
 from gateway.openapi import install_docs, install_openapi
+from gateway.replicas.publish import publish
+from gateway.replicas.replica import Replica
 from gateway.responses.protocol import ResponsesRequest
 from gateway.responses.router import router as responses_router
 from gateway.settings import Settings
-from gateway.state import GatewayState
 from gateway.store.database import display_url, ensure_schema
 from gateway.store.records import Limits
 from gateway.store.status import Mode
@@ -42,8 +47,10 @@ from gateway.store.store import Store
 from gateway.turns.context import TurnContext
 from gateway.turns.local_render import LocalRenders
 from gateway.turns.recording import Recorder
+from gateway.turns.traffic import Traffic
+from gateway.ui.context import ViewerContext
 from gateway.ui.router import router as ui_router
-from gateway.ui.tokens import TokenTexts
+from gateway.ui.token_texts import TokenTexts
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +63,18 @@ def create_app(
 ) -> FastAPI:
     """The gateway's app. It builds its store and backends from `settings` at start-up unless given them
     (then it leaves them open at shutdown: whoever made them closes them). On PostgreSQL it is one process of
-    a gateway that may have many, on this host and others (`gateway.fleet.sync`)."""
+    a gateway that may have many, on this host and others (`gateway.replicas.replica`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_store, own_backends = store is None, backends is None
         if store is None:
             ensure_schema(settings.db)
-        app.state.gateway = state = gateway_state(
-            settings, store or Store(settings.db), backends or backend_pool(settings)
-        )
+        parts = wire(app, settings, store or Store(settings.db), backends or backend_pool(settings))
         if own_backends:
-            state.backends.placement.pin_store = state.store.pin
-        for url in state.backends.urls:
-            capable = await state.backends.probe_scale_out(url)
+            parts.backends.placement.pin_store = parts.store.pin
+        for url in parts.backends.urls:
+            capable = await parts.backends.probe_scale_out(url)
             if capable is None:
                 log.info("backend %s not reachable yet: exact mode is checked on its first use", url)
             elif not capable and settings.mode == Mode.EXACT:
@@ -82,11 +87,13 @@ def create_app(
             "gateway %s: store %s, backends %s",
             __version__,
             display_url(settings.db),
-            ", ".join(state.backends.urls),
+            ", ".join(parts.backends.urls),
         )
         warn_if_exposed(settings)
-        await state.turns.local_render.build(settings.local_render)
-        await state.fleet.start(watch=own_backends)
+        await parts.local_render.build(settings.local_render)
+        listing = BackendFile(settings.backend_file) if settings.backend_file else None
+        publish(parts.replica, parts.backends, listing, settings.health_interval, watch=own_backends)
+        await parts.replica.start()
         # What start-up built (modules, routes, models, pools) lives as long as the app: kept out of the
         # collector's sight, a full collection scans only what calls made since, and holds up the calls in
         # flight for a few milliseconds instead of a hundred.
@@ -95,11 +102,11 @@ def create_app(
             yield
         finally:
             gc.unfreeze()
-            await state.fleet.close()
+            await parts.replica.close()
             if own_backends:
-                await state.backends.close()
+                await parts.backends.close()
             if own_store:
-                state.store.close()
+                parts.store.close()
 
     app = FastAPI(
         title="rl-gateway",
@@ -148,11 +155,26 @@ def backend_pool(settings: Settings) -> BackendPool:
     )
 
 
-def gateway_state(settings: Settings, store: Store, backends: BackendPool) -> GatewayState:
+@dataclass(frozen=True)
+class Started:
+    """What the app's start and shutdown handle; the routers hold only their own contexts."""
+
+    store: Store
+    backends: BackendPool
+    replica: Replica
+    local_render: LocalRenders
+
+
+def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) -> Started:
+    """Build the gateway's parts and hand each API the ones it uses (`app.state`, read by the routers'
+    dependencies)."""
     metrics, traffic = Metrics(), Traffic(settings.pause_timeout)
-    metrics.watch(lambda: list(backends.servers.values()))
+    metrics.registry.register(FleetCollector(lambda: list(backends.servers.values())))
     recorder = Recorder(store, metrics, settings.policy_version)
-    turns = TurnContext(
+    replica = Replica(settings, store, backends, traffic, recorder, metrics)
+    local_render = LocalRenders()
+    app.state.tokens = Tokens(settings.control_token, settings.admin_token)
+    app.state.turns = TurnContext(
         recorder=recorder,
         backends=backends,
         traffic=traffic,
@@ -162,9 +184,14 @@ def gateway_state(settings: Settings, store: Store, backends: BackendPool) -> Ga
         rollout_keys=settings.rollout_keys,
         require_registered=settings.require_registered_rollouts,
         max_body_bytes=settings.max_body_bytes,
-        local_render=LocalRenders(),
+        local_render=local_render,
     )
-    return GatewayState(settings, store, backends, metrics, traffic, recorder, turns, TokenTexts(backends))
+    app.state.control = ControlContext(
+        store, backends, recorder, metrics, replica, settings.mode, settings.rollout_keys, settings.public_url
+    )
+    app.state.admin = AdminContext(replica, backends, recorder)
+    app.state.viewer = ViewerContext(store, TokenTexts(backends))
+    return Started(store, backends, replica, local_render)
 
 
 def warn_if_exposed(settings: Settings) -> None:

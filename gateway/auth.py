@@ -11,13 +11,26 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 
-from fastapi import Depends, Request
+from fastapi import Request
 from pydantic import SecretStr
 
 from gateway.errors import ApiError
-from gateway.state import GatewayState, get_state
 from gateway.store.records import RolloutState
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The gateway's tokens (`--control-token`, `--admin-token`); None: that API is open."""
+
+    control: SecretStr | None
+    admin: SecretStr | None
+
+
+def _tokens(request: Request) -> Tokens:
+    tokens: Tokens = request.app.state.tokens
+    return tokens
 
 
 def new_rollout_key() -> str:
@@ -52,29 +65,26 @@ def _require(request: Request, token: SecretStr | None, api: str) -> None:
         )
 
 
-async def require_control(request: Request, state: GatewayState = Depends(get_state)) -> GatewayState:
+async def require_control(request: Request) -> None:
     """The control API: create rollouts, post rewards, finish, read."""
-    _require(request, state.settings.control_token, "control API")
-    return state
+    _require(request, _tokens(request).control, "control API")
 
 
 VIEWER_COOKIE = "gateway_viewer"
 """Where a browser keeps the control token for the viewer (`/ui/login`)."""
 
 
-async def require_viewer(request: Request, state: GatewayState = Depends(get_state)) -> GatewayState:
+async def require_viewer(request: Request) -> None:
     """The viewer: the control token, from the header or the viewer's cookie."""
-    token = state.settings.control_token
+    token = _tokens(request).control
     if token is not None and not _same(request.cookies.get(VIEWER_COOKIE), token.get_secret_value()):
         _require(request, token, "control API")
-    return state
 
 
-async def require_admin(request: Request, state: GatewayState = Depends(get_state)) -> GatewayState:
+async def require_admin(request: Request) -> None:
     """The admin API: its own token, else the control token."""
-    settings = state.settings
-    _require(request, settings.admin_token or settings.control_token, "admin API")
-    return state
+    tokens = _tokens(request)
+    _require(request, tokens.admin or tokens.control, "admin API")
 
 
 def check_agent_key(request: Request, rollout_id: str, rollout: RolloutState | None) -> None:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
-
-from gateway.fleet.servers import Server
 
 
 class Metrics:
@@ -64,61 +61,6 @@ class Metrics:
         prompt.inc(prompt_tokens)
         completion.inc(completion_tokens)
 
-    def watch(self, servers: Callable[[], Iterable[Server]]) -> None:
-        """Report each vLLM server of the fleet (`servers()`, read at every scrape)."""
-        self.registry.register(FleetCollector(servers))
-
-
-class FleetCollector(Collector):
-    """The fleet as the gateway sees it, one series per server (`backend` label), read when scraped: the
-    pool keeps the counts, so routing pays nothing for them."""
-
-    def __init__(self, servers: Callable[[], Iterable[Server]]) -> None:
-        self._servers = servers
-
-    def collect(self) -> Iterator[Metric]:
-        label = ["backend"]
-        healthy = GaugeMetricFamily(
-            "gateway_backend_healthy", "1 while the server takes calls.", labels=label
-        )
-        draining = GaugeMetricFamily(
-            "gateway_backend_draining", "1 while the server takes no new rollouts.", labels=label
-        )
-        in_flight = GaugeMetricFamily(
-            "gateway_backend_in_flight", "Calls in progress on the server.", labels=label
-        )
-        pinned = GaugeMetricFamily(
-            "gateway_backend_pinned_rollouts", "Running rollouts pinned to the server.", labels=label
-        )
-        requests = CounterMetricFamily("gateway_backend_requests", "Calls sent to the server.", labels=label)
-        errors = CounterMetricFamily(
-            "gateway_backend_errors",
-            "Calls that failed or that the server answered with a 5xx.",
-            labels=label,
-        )
-        latency = SummaryMetricFamily(
-            "gateway_backend_latency_seconds",
-            "Seconds from sending a call to its reply's headers.",
-            labels=label,
-        )
-        hit_rate = GaugeMetricFamily(
-            "gateway_backend_prefix_cache_hit_rate",
-            "The server's own prefix-cache hits over queries since it started (from its /metrics).",
-            labels=label,
-        )
-        for server in self._servers():
-            url = [server.url]
-            healthy.add_metric(url, float(server.healthy))
-            draining.add_metric(url, float(server.draining))
-            in_flight.add_metric(url, server.in_flight)
-            pinned.add_metric(url, server.pinned)
-            requests.add_metric(url, server.requests)
-            errors.add_metric(url, server.errors)
-            latency.add_metric(url, count_value=server.answered, sum_value=server.latency_total)
-            if server.prefix_cache_hit_rate is not None:
-                hit_rate.add_metric(url, server.prefix_cache_hit_rate)
-        yield from (healthy, draining, in_flight, pinned, requests, errors, latency, hit_rate)
-
 
 Samples = dict[str, list[tuple[str, dict[str, str], float]]]
 """A registry's samples by metric family: (sample name, labels, value)."""
@@ -141,7 +83,7 @@ def samples(registry: CollectorRegistry) -> Samples:
 
 def exposition_with(registry: CollectorRegistry, others: list[Samples]) -> bytes:
     """This process's metrics in Prometheus text with the other gateway processes' added: counts, sums, calls
-    in flight and pinned rollouts add up; fleet facts and creation times are this process's."""
+    in flight and pinned rollouts add up; the servers' facts and creation times are this process's."""
     families = []
     for family in registry.collect():
         merged: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {

@@ -107,7 +107,7 @@ class Settings(BaseSettings):
         default=1,
         ge=1,
         description="Gateway processes sharing the port (PostgreSQL only): more throughput on more cores; "
-        "like replicas on other hosts, they share the fleet's state through the store.",
+        "like replicas on other hosts, they share the run state through the store.",
     )
     heartbeat_interval: float = Field(
         default=1.0,

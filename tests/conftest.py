@@ -27,7 +27,7 @@ from gateway.app import create_app
 from gateway.demo.launcher import GatewayProcess
 from gateway.demo.process import free_port
 from gateway.demo.vllm_server import VLLMServer
-from gateway.fleet.weights import RELOAD, RELOAD_BODY
+from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY
 from gateway.settings import Settings
 from gateway.store.database import make_engine
 

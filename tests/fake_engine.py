@@ -11,7 +11,7 @@ import orjson
 
 from gateway.fleet.replies import BackendFailure, BackendStreamError, Routed
 from gateway.fleet.servers import Server
-from gateway.fleet.weights import FleetWeights
+from gateway.fleet.weight_versions import FleetWeights
 
 URL = "http://fake-engine"
 

@@ -50,7 +50,7 @@ def state_of(gateway: GatewayProcess) -> dict[str, dict[str, Any]]:
 
 
 def caught_up(replica: GatewayProcess, gateway: GatewayProcess) -> None:
-    """Wait until `replica` holds the fleet's state `gateway` made (an admin change returns once every live
+    """Wait until `replica` holds the run state `gateway` made (an admin change returns once every live
     process holds it, or gives up on a late one after --process-timeout)."""
     wait_for(lambda: admin(replica, "/state").json()["epoch"] >= admin(gateway, "/state").json()["epoch"])
 

@@ -1,5 +1,5 @@
 """A client's retry is one call: the retried turn records the attempt it repeats, and trainers never train on
-both. Tested with the real openai SDK, whose first attempt times out while the backend is held."""
+both. Tested with the real openai SDK, whose first attempt times out while the gateway is paused."""
 
 from __future__ import annotations
 
@@ -14,6 +14,18 @@ from support import TIMEOUT, admin, on_store, stored_rollout, wait_for
 
 pytestmark = on_store("sqlite")
 
+
+class ImpatientFirstAttempt(httpx.HTTPTransport):
+    """An agent's transport that gives up on a call's first attempt after two seconds without an answer and
+    waits the suite's deadline for its retry: the SDK's own timeout is the same for every attempt, so a retry
+    would otherwise have to be answered within the time its first attempt was given."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.headers.get("x-stainless-retry-count", "0") == "0":
+            request.extensions["timeout"] = {**request.extensions["timeout"], "read": 2.0}
+        return super().handle_request(request)
+
+
 # min_tokens: a reply that ends at once would be empty text, which the store keeps as null content.
 CHAT = {
     "model": "tiny",
@@ -27,8 +39,13 @@ def test_sdk_retry_of_a_timed_out_call_repeats_it_and_is_trained_once(start_gate
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url)
     rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}, timeout=TIMEOUT).json()
-    # The timeout is each attempt's: the retry must be answered within it once the gateway resumes.
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=1, timeout=8.0)
+    agent = openai.OpenAI(
+        base_url=rollout["base_url"],
+        api_key="unused",
+        max_retries=1,
+        timeout=TIMEOUT,
+        http_client=httpx.Client(transport=ImpatientFirstAttempt(), timeout=TIMEOUT),
+    )
     replies: list = []
 
     admin(gateway, "/pause", json={"mode": "wait"}).raise_for_status()  # nothing is answered until resume
@@ -36,7 +53,7 @@ def test_sdk_retry_of_a_timed_out_call_repeats_it_and_is_trained_once(start_gate
     caller.start()
     wait_for(lambda: admin(gateway, "/state").json()["waiting"] == 2)  # the timed-out attempt and its retry
     admin(gateway, "/resume").raise_for_status()
-    caller.join(timeout=60)
+    caller.join(timeout=TIMEOUT)
     wait_for(lambda: len(stored_rollout(gateway, rollout["rollout_id"])["turns"]) == 2)
 
     turns = {t["attempt"]: t for t in stored_rollout(gateway, rollout["rollout_id"])["turns"]}

@@ -66,7 +66,7 @@ class WorkerView(BaseModel):
     heartbeat_age: float
     """Seconds since its last heartbeat."""
     applied_epoch: int
-    """The newest fleet epoch it holds."""
+    """The newest run state epoch it holds."""
     in_flight: int
     waiting: int
     requests: int
@@ -75,7 +75,7 @@ class WorkerView(BaseModel):
 
 class AdminState(BaseModel):
     epoch: int
-    """The fleet's state is numbered: each admin change makes the next epoch, and returns once every live
+    """The run state is numbered: each admin change makes the next epoch, and returns once every live
     process holds it."""
     paused: bool
     pause_mode: Literal["wait", "abort", "keep"] | None

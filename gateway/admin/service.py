@@ -1,5 +1,5 @@
 """Weight-sync coordination and the fleet's servers: every gateway process and every vLLM backend pause, take
-a new version, resume. Each change is one step of the fleet's state (`gateway.fleet.sync`), which every
+a new version, resume. Each change is one step of the run state (`gateway.replicas.replica`), which every
 process of the gateway holds before the admin call returns."""
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ import logging
 import time
 from collections.abc import Callable
 
+from gateway.admin.context import AdminContext
 from gateway.admin.protocol import AdminState, BackendView, WorkerView
 from gateway.errors import ApiError
-from gateway.fleet import health
-from gateway.fleet.records import FleetState, PauseMode, ProcessRow, ServerEntry
 from gateway.fleet.servers import Server
-from gateway.fleet.weights import RELOAD, RELOAD_BODY, WEIGHT_VERSION
-from gateway.state import GatewayState
+from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY, WEIGHT_VERSION
+from gateway.replicas import publish
+from gateway.store.processes import ProcessRow
+from gateway.store.run_state import PauseMode, RunState, ServerEntry
 
 log = logging.getLogger(__name__)
 
@@ -28,19 +29,20 @@ ABORT_FIRST = 10.0
 first ends came through more than 2 s after vLLM's pause."""
 
 
-async def admin_state(state: GatewayState) -> AdminState:
-    fleet, timeout = state.fleet, state.fleet.timeout
-    rows = await fleet.processes()
+async def admin_state(admin: AdminContext) -> AdminState:
+    replica, timeout = admin.replica, admin.replica.timeout
+    rows = await replica.processes()
     alive = [row for row in rows if row.heartbeat_age < timeout]
+    held = replica.held
     return AdminState(
-        epoch=fleet.held.epoch,
-        paused=fleet.held.paused,
-        pause_mode=fleet.held.pause_mode if fleet.held.paused else None,
-        paused_by=fleet.held.paused_by if fleet.held.paused else None,
+        epoch=held.epoch,
+        paused=held.paused,
+        pause_mode=held.pause_mode if held.paused else None,
+        paused_by=held.paused_by if held.paused else None,
         in_flight=sum(row.in_flight for row in alive),
         waiting=sum(row.waiting for row in alive),
-        policy_version=state.recorder.policy_version,
-        backends=[_backend_view(server, alive) for server in state.backends.servers.values()],
+        policy_version=admin.recorder.policy_version,
+        backends=[_backend_view(server, alive) for server in admin.backends.servers.values()],
         workers=[_worker_view(row, timeout) for row in rows],
     )
 
@@ -70,48 +72,48 @@ def _worker_view(row: ProcessRow, timeout: float) -> WorkerView:
     )
 
 
-async def pause(state: GatewayState, mode: PauseMode, timeout: float) -> AdminState:
+async def pause(admin: AdminContext, mode: PauseMode, timeout: float) -> AdminState:
     """Hold new agent calls on every process, then deal with those in flight as vLLM's own /pause does."""
-    by = state.fleet.process_id
+    by = admin.replica.process_id
 
-    def paused(fleet: FleetState) -> None:
-        fleet.paused, fleet.pause_mode, fleet.paused_by = True, mode, by
+    def paused(state: RunState) -> None:
+        state.paused, state.pause_mode, state.paused_by = True, mode, by
 
-    await state.fleet.change(paused)
+    await admin.replica.change(paused)
     if mode == "wait":
         try:
-            drained = await state.fleet.until(_idle, timeout)
+            drained = await admin.replica.until(_idle, timeout)
         except Exception:  # the store could not be read: the pause is undone
-            await state.fleet.change(_opened)
+            await admin.replica.change(_opened)
             raise
         if not drained:
-            await state.fleet.change(_opened)
+            await admin.replica.change(_opened)
             raise ApiError(504, f"calls still in flight after {timeout:.0f} s: not paused", "pause_timeout")
     # vLLM's own pause ends (abort) or freezes (keep) what it is generating and queues what reaches it
     # afterwards: calls still on their way when it paused run after resume, with the new weights.
-    await state.backends.call_all("/pause", params={"mode": mode})
+    await admin.backends.call_all("/pause", params={"mode": mode})
     if mode == "abort":  # let the aborted turns be recorded before a new version can be set
-        await settled(state, ABORT_QUIET, timeout, ABORT_FIRST)
+        await settled(admin, ABORT_QUIET, timeout, ABORT_FIRST)
     log.info("paused (%s)", mode)
-    return await admin_state(state)
+    return await admin_state(admin)
 
 
 def _idle(rows: list[ProcessRow]) -> bool:
     return not any(row.in_flight for row in rows)
 
 
-def _opened(fleet: FleetState) -> None:
-    fleet.paused, fleet.pause_mode, fleet.paused_by = False, None, None
+def _opened(state: RunState) -> None:
+    state.paused, state.pause_mode, state.paused_by = False, None, None
 
 
-async def settled(state: GatewayState, quiet: float, timeout: float, first: float) -> None:
+async def settled(admin: AdminContext, quiet: float, timeout: float, first: float) -> None:
     """Wait until calls stop ending on every process: none in flight, or none ended for `quiet` seconds (those
     left wait for something else, such as vLLM's queue), or, while none has ended yet, for `first` seconds;
     at most `timeout` seconds."""
     started = time.monotonic()
     ended_at, ended = started, None
     while True:
-        rows = await state.fleet.alive()
+        rows = await admin.replica.alive()
         now = time.monotonic()
         total = sum(row.ended for row in rows)
         if ended is not None and total != ended:
@@ -123,105 +125,105 @@ async def settled(state: GatewayState, quiet: float, timeout: float, first: floa
         await asyncio.sleep(min(still, 0.05))
 
 
-async def resume(state: GatewayState) -> AdminState:
-    await state.backends.call_all("/resume")
-    await state.fleet.change(_opened)
-    log.info("resumed at policy version %s", state.recorder.policy_version)
-    return await admin_state(state)
+async def resume(admin: AdminContext) -> AdminState:
+    await admin.backends.call_all("/resume")
+    await admin.replica.change(_opened)
+    log.info("resumed at policy version %s", admin.recorder.policy_version)
+    return await admin_state(admin)
 
 
-async def set_policy_version(state: GatewayState, version: str) -> AdminState:
+async def set_policy_version(admin: AdminContext, version: str) -> AdminState:
     """New turns are stamped with `version` by every process; the backends tag their tokens with it too."""
     took: list[str] = []
 
-    def versioned(fleet: FleetState) -> None:
-        fleet.policy_version = fleet.weight_version = version
-        for entry in fleet.servers:
+    def versioned(state: RunState) -> None:
+        state.policy_version = state.weight_version = version
+        for entry in state.servers:
             if entry.url in took:
                 entry.weight_version = version
             else:  # out of service until a health check has given it the version
                 entry.healthy = False
 
     try:
-        await state.backends.call_all(WEIGHT_VERSION, json={"new_version": version}, done=_into(took))
+        await admin.backends.call_all(WEIGHT_VERSION, json={"new_version": version}, done=_into(took))
     finally:  # also after a failure half way: the servers that took it hold it
-        await state.fleet.change(versioned)
+        await admin.replica.change(versioned)
     log.info("policy version is now %s", version)
-    return await admin_state(state)
+    return await admin_state(admin)
 
 
-async def reload_weights(state: GatewayState) -> AdminState:
+async def reload_weights(admin: AdminContext) -> AdminState:
     """Every backend reloads its weights from its model directory (where the trainer has just written
     them)."""
     took: list[str] = []
 
-    def reloaded(fleet: FleetState) -> None:
-        fleet.reloads += 1
-        for entry in fleet.servers:
+    def reloaded(state: RunState) -> None:
+        state.reloads += 1
+        for entry in state.servers:
             if entry.url in took:
-                entry.reloads = fleet.reloads
+                entry.reloads = state.reloads
             else:  # out of service until a health check has given it the weights
                 entry.healthy = False
 
     try:
-        await state.backends.call_all(RELOAD, json=RELOAD_BODY, done=_into(took))
+        await admin.backends.call_all(RELOAD, json=RELOAD_BODY, done=_into(took))
     finally:
-        await state.fleet.change(reloaded)
+        await admin.replica.change(reloaded)
     log.info("backends reloaded their weights")
-    return await admin_state(state)
+    return await admin_state(admin)
 
 
 def _into(urls: list[str]) -> Callable[[Server], None]:
     return lambda server: urls.append(server.url)
 
 
-async def add_backend(state: GatewayState, url: str) -> AdminState:
+async def add_backend(admin: AdminContext, url: str) -> AdminState:
     """A server joins the fleet, checked at once (health, models) so that it takes rollouts if it is up."""
     url = url.rstrip("/")
 
-    def added(fleet: FleetState) -> None:
-        entry = fleet.server(url)
+    def added(state: RunState) -> None:
+        entry = state.server(url)
         if entry is None:
-            fleet.servers.append(ServerEntry(url=url))
+            state.servers.append(ServerEntry(url=url))
         else:
             entry.draining = False
 
-    await state.fleet.change(added)
-    await health.found(state.fleet, await state.backends.check(state.backends.servers[url]))
-    return await admin_state(state)
+    await admin.replica.change(added)
+    await publish.found(admin.replica, await admin.backends.check(admin.backends.servers[url]))
+    return await admin_state(admin)
 
 
-async def drain_backend(state: GatewayState, url: str) -> AdminState:
+async def drain_backend(admin: AdminContext, url: str) -> AdminState:
     """No new rollouts go to the server; those pinned to it finish there."""
 
-    def drained(fleet: FleetState) -> None:
-        _known(fleet, url).draining = True
+    def drained(state: RunState) -> None:
+        _known(state, url).draining = True
 
-    await _change_servers(state, drained)
-    server = state.backends.servers.get(url.rstrip("/"))
+    await _change_servers(admin, drained)
+    server = admin.backends.servers.get(url.rstrip("/"))
     if server is not None:
         log.info("backend %s draining: %d rollouts pinned", server.url, server.pinned)
-    return await admin_state(state)
+    return await admin_state(admin)
 
 
-async def remove_backend(state: GatewayState, url: str) -> AdminState:
+async def remove_backend(admin: AdminContext, url: str) -> AdminState:
     """The server leaves: its rollouts move to others on their next call (calls in flight finish)."""
 
-    def removed(fleet: FleetState) -> None:
-        entry = _known(fleet, url)
-        if len(fleet.servers) == 1:
+    def removed(state: RunState) -> None:
+        entry = _known(state, url)
+        if len(state.servers) == 1:
             raise ValueError(f"{entry.url} is the only backend: add another before removing it")
-        fleet.servers.remove(entry)
+        state.servers.remove(entry)
 
-    await _change_servers(state, removed)
-    return await admin_state(state)
+    await _change_servers(admin, removed)
+    return await admin_state(admin)
 
 
-async def _change_servers(state: GatewayState, edit: Callable[[FleetState], None]) -> None:
+async def _change_servers(admin: AdminContext, edit: Callable[[RunState], None]) -> None:
     try:
-        await state.fleet.change(edit)
+        await admin.replica.change(edit)
     except KeyError as exc:
-        known = ", ".join(entry.url for entry in state.fleet.held.servers)
+        known = ", ".join(entry.url for entry in admin.replica.held.servers)
         raise ApiError(
             404, f"no backend {exc.args[0]!r} (the gateway's: {known})", "backend_not_found"
         ) from None
@@ -229,8 +231,8 @@ async def _change_servers(state: GatewayState, edit: Callable[[FleetState], None
         raise ApiError(409, str(exc), "last_backend") from None
 
 
-def _known(fleet: FleetState, url: str) -> ServerEntry:
-    entry = fleet.server(url.rstrip("/"))
+def _known(state: RunState, url: str) -> ServerEntry:
+    entry = state.server(url.rstrip("/"))
     if entry is None:
         raise KeyError(url)
     return entry

@@ -17,11 +17,10 @@ from gateway.ids import check_rollout_id
 from gateway.openai.protocol import ChatCompletionRequest
 from gateway.openai.router import read_call, validated
 from gateway.openapi import event_stream, raw_body
-from gateway.state import get_turns
 from gateway.store.records import TurnRecord
 from gateway.turns.admission import admit, prompt_tokens
 from gateway.turns.capture import ChatCapture
-from gateway.turns.context import TurnContext
+from gateway.turns.context import TurnContext, turn_context
 from gateway.turns.forward import forward
 
 router = APIRouter(
@@ -41,7 +40,7 @@ _STREAM = event_stream(
     response_model=MessageReply,
     responses={200: {"content": _STREAM}},
 )
-async def messages(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
+async def messages(rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)) -> Response:
     """Anthropic Messages, translated to a chat call on the rollout's vLLM server and recorded as a turn."""
     check_rollout_id(rollout_id)
     rollout = await admit(ctx, request, rollout_id)
@@ -53,7 +52,7 @@ async def messages(rollout_id: str, request: Request, ctx: TurnContext = Depends
 
 @router.post("/messages/count_tokens", openapi_extra=raw_body(CountTokensRequest), response_model=TokenCount)
 async def count_tokens(
-    rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)
+    rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
 ) -> TokenCount:
     """The prompt's tokens as the served model's own template and tokenizer count them (vLLM's /tokenize)."""
     check_rollout_id(rollout_id)

@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from gateway import __version__
 from gateway.auth import key_hash, new_rollout_key, require_control
+from gateway.control.context import ControlContext, control_context
 from gateway.control.protocol import (
     CreateRolloutRequest,
     FinishRequest,
@@ -24,14 +25,15 @@ from gateway.encoding import JsonResponse
 from gateway.errors import ApiError, error_responses
 from gateway.ids import check_rollout_id, new_id
 from gateway.metrics import exposition_with
-from gateway.state import GatewayState, get_state
 from gateway.store.records import Limits, NewRollout, Reward
 
-router = APIRouter(tags=["control"], responses=error_responses(400, 401, 422))
+router = APIRouter(
+    tags=["control"], responses=error_responses(400, 401, 422), dependencies=[Depends(require_control)]
+)
 
 
-def agent_base_url(state: GatewayState, request: Request, rollout_id: str) -> str:
-    root = (state.settings.public_url or str(request.base_url)).rstrip("/")
+def agent_base_url(public_url: str | None, request: Request, rollout_id: str) -> str:
+    root = (public_url or str(request.base_url)).rstrip("/")
     return f"{root}/rollouts/{rollout_id}/v1"
 
 
@@ -48,11 +50,11 @@ async def create_rollout(
     body: CreateRolloutRequest,
     request: Request,
     response: Response,
-    state: GatewayState = Depends(require_control),
+    control: ControlContext = Depends(control_context),
 ) -> RolloutCreated:
     """Create a rollout (idempotent on `rollout_id`) and return the base URL (and key) to hand to the
     agent."""
-    key = new_rollout_key() if state.settings.rollout_keys else None
+    key = new_rollout_key() if control.rollout_keys else None
     limits = Limits(**body.limits.model_dump()) if body.limits is not None else Limits()
     new = NewRollout(
         body.rollout_id or new_id(),
@@ -65,7 +67,8 @@ async def create_rollout(
         limits=limits,
         sampling=body.sampling.model_dump(exclude_none=True) if body.sampling is not None else None,
     )
-    row, created = await state.store.create_rollout(new)
+    row, created = await control.store.create_rollout(new)
+    base_url = agent_base_url(control.public_url, request, row["rollout_id"])
     if not created:
         response.status_code = 200
     return RolloutCreated(
@@ -73,25 +76,25 @@ async def create_rollout(
         group_id=row["group_id"],
         task_id=row["task_id"],
         metadata=row["metadata"],
-        mode=row["mode"] or state.settings.mode,
+        mode=row["mode"] or control.mode,
         tags=row["tags"],
         limits=RolloutLimits(**row["limits"]) if row["limits"] else None,
         sampling=row["sampling"],
         status=row["status"],
         created=created,
-        base_url=agent_base_url(state, request, row["rollout_id"]),
-        anthropic_base_url=agent_base_url(state, request, row["rollout_id"]).removesuffix("/v1"),
+        base_url=base_url,
+        anthropic_base_url=base_url.removesuffix("/v1"),
         api_key=key if created else None,
     )
 
 
 @router.post("/rollouts/{rollout_id}/reward", response_model=RewardRecorded, responses=error_responses(404))
 async def post_reward(
-    rollout_id: str, body: RewardRequest, state: GatewayState = Depends(require_control)
+    rollout_id: str, body: RewardRequest, control: ControlContext = Depends(control_context)
 ) -> RewardRecorded:
     """Record a reward for the rollout, or for one of its turns when `turn_index` is given."""
     check_rollout_id(rollout_id)
-    await state.store.add_reward(rollout_id, Reward(body.reward, body.components, body.turn_index))
+    await control.store.add_reward(rollout_id, Reward(body.reward, body.components, body.turn_index))
     return RewardRecorded(
         rollout_id=rollout_id, reward=body.reward, components=body.components, turn_index=body.turn_index
     )
@@ -101,14 +104,14 @@ async def post_reward(
     "/rollouts/{rollout_id}/finish", response_model=RolloutFinished, responses=error_responses(404, 409)
 )
 async def finish_rollout(
-    rollout_id: str, body: FinishRequest | None = None, state: GatewayState = Depends(require_control)
+    rollout_id: str, body: FinishRequest | None = None, control: ControlContext = Depends(control_context)
 ) -> RolloutFinished:
     """Close the rollout (status `completed` without a body); a second finish is a 409."""
     check_rollout_id(rollout_id)
     body = body or FinishRequest()
     reward = Reward(body.reward, body.components) if body.reward is not None else None
-    row = await state.store.finish_rollout(rollout_id, body.status, reward)
-    state.backends.forget(rollout_id)
+    row = await control.store.finish_rollout(rollout_id, body.status, reward)
+    control.backends.forget(rollout_id)
     return RolloutFinished(**{name: row[name] for name in RolloutFinished.model_fields})
 
 
@@ -117,11 +120,11 @@ async def get_rollout(
     rollout_id: str,
     include_tokens: bool = False,
     include_messages: bool = False,
-    state: GatewayState = Depends(require_control),
+    control: ControlContext = Depends(control_context),
 ) -> Response:
     """The rollout with its turns; token arrays and full message histories only on request."""
     check_rollout_id(rollout_id)
-    rollout = await state.store.get_rollout(
+    rollout = await control.store.get_rollout(
         rollout_id, include_tokens=include_tokens, include_messages=include_messages
     )
     if rollout is None:
@@ -133,12 +136,12 @@ health_router = APIRouter(tags=["health"])
 
 
 @health_router.get("/healthz", response_model=Health)
-async def healthz(state: GatewayState = Depends(get_state)) -> Health:
+async def healthz(control: ControlContext = Depends(control_context)) -> Health:
     return Health(
         status="ok",
         version=__version__,
-        policy_version=state.recorder.policy_version,
-        backends=state.backends.urls,
+        policy_version=control.recorder.policy_version,
+        backends=control.backends.urls,
     )
 
 
@@ -147,10 +150,10 @@ async def healthz(state: GatewayState = Depends(get_state)) -> Health:
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
 )
-async def metrics(state: GatewayState = Depends(get_state)) -> Response:
+async def metrics(control: ControlContext = Depends(control_context)) -> Response:
     """Prometheus metrics (no secrets: counts, latencies and token totals only)."""
-    state.metrics.commits.set(state.store.commits)
-    if not state.fleet.shared:
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-    others = [row.metrics for row in (await state.fleet.alive())[1:] if row.metrics]
-    return Response(exposition_with(state.metrics.registry, others), media_type=CONTENT_TYPE_LATEST)
+    control.metrics.commits.set(control.store.commits)
+    if not control.replica.shared:
+        return Response(generate_latest(control.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    others = [row.metrics for row in (await control.replica.alive())[1:] if row.metrics]
+    return Response(exposition_with(control.metrics.registry, others), media_type=CONTENT_TYPE_LATEST)

@@ -1,30 +1,21 @@
-"""Health checks of the vLLM servers, by one process for the whole gateway (the leading one,
-`gateway.fleet.sync`), which publishes what it finds in the fleet's state for every process to follow; it
-also reads the --backend-file, and any process publishes a server a call could not connect to as ejected.
+"""Health checks of the vLLM servers. One process checks them for the whole gateway and publishes what it
+finds in the run state for every process to follow (`gateway.replicas.publish`).
 
 A check asks /health, then (when it passes) the served models and the prefix-cache hit rate. A server fails
-`eject_after` checks in a row before it is ejected; one passing check re-admits it, once it holds the fleet's
-weights: a server coming back is first given the reloads and version it missed.
+`eject_after` checks in a row before it is ejected; one passing check re-admits it, once it holds the
+gateway's weights: a server coming back is first given the reloads and version it missed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import aiohttp
 
-from gateway.fleet.discovery import BackendFile
-from gateway.fleet.records import FleetState, ServerEntry
 from gateway.fleet.servers import Server
-from gateway.fleet.weights import RELOAD, RELOAD_BODY, WEIGHT_VERSION, FleetWeights
-
-if TYPE_CHECKING:
-    from gateway.fleet.sync import FleetSync
-    from gateway.state import GatewayState
+from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY, WEIGHT_VERSION, FleetWeights
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +27,7 @@ Call = Callable[[str, object], Awaitable[str | None]]
 
 @dataclass
 class Found:
-    """What one check found of a server: what the fleet's state should say of it. Health and weights are
+    """What one check found of a server: what the run state should say of it. Health and weights are
     changes, None where the check changed nothing: an ejection published while the check ran (a call that
     could not connect) is not undone by a check that began before it."""
 
@@ -45,7 +36,7 @@ class Found:
     prefix_cache_hit_rate: float | None
     healthy: bool | None = None
     weights: FleetWeights | None = None
-    """The weights it was given to catch up with the fleet."""
+    """The weights it was given to catch up with the other servers."""
 
 
 async def check(
@@ -71,7 +62,7 @@ async def check(
         return found
     missed = await _catch_up(call, server, weights)
     if missed is not None:
-        log.warning("backend %s not admitted: it missed the fleet's weights (%s)", server.url, missed)
+        log.warning("backend %s not admitted: it missed the gateway's weights (%s)", server.url, missed)
         server.failed_checks += 1
         return found
     log.info("backend %s healthy: admitted", server.url)
@@ -125,61 +116,3 @@ def prefix_hit_rate(lines: Iterable[str]) -> float | None:
                 if name.startswith(f"vllm:prefix_cache_{kind}_total"):
                     totals[kind] += float(value)
     return totals["hits"] / totals["queries"] if totals["queries"] else None
-
-
-async def watch(fleet: FleetSync, state: GatewayState) -> None:
-    """Each --health-interval, while this process leads: re-read the --backend-file, check every server,
-    and publish what changed."""
-    settings = state.settings
-    listing = BackendFile(settings.backend_file) if settings.backend_file else None
-    while True:
-        if fleet.leads:
-            try:
-                if listing is not None:
-                    await listed(fleet, listing.changed())
-                servers = list(state.backends.servers.values())
-                await found(fleet, *await asyncio.gather(*map(state.backends.check, servers)))
-            except Exception as exc:  # the store or a server failed this round: the next one tries again
-                log.warning("health checks failed to publish: %r", exc)
-        await asyncio.sleep(settings.health_interval)
-
-
-async def found(fleet: FleetSync, *findings: Found) -> None:
-    """What health checks found of the servers becomes the fleet's."""
-
-    def health(state: FleetState) -> None:
-        for seen in findings:
-            entry = state.server(seen.url)
-            if entry is None:  # removed meanwhile
-                continue
-            entry.models, entry.prefix_cache_hit_rate = sorted(seen.models), seen.prefix_cache_hit_rate
-            if seen.healthy is not None:
-                entry.healthy = seen.healthy
-            if seen.weights is not None:
-                entry.reloads, entry.weight_version = seen.weights.reloads, seen.weights.version
-
-    await fleet.change(health, wait=False)
-
-
-async def listed(fleet: FleetSync, urls: list[str] | None) -> None:
-    """The servers a --backend-file lists now (None: unchanged): new ones join, missing ones leave."""
-    if urls is None:
-        return
-    wanted = [url.rstrip("/") for url in urls]
-
-    def servers(state: FleetState) -> None:
-        state.servers += [ServerEntry(url=url) for url in wanted if state.server(url) is None]
-        state.servers = [entry for entry in state.servers if entry.url in wanted]
-
-    await fleet.change(servers)
-
-
-async def ejected(fleet: FleetSync, server: Server) -> None:
-    """A call found `server` unreachable: every process stops sending it calls until a check passes."""
-
-    def out(state: FleetState) -> None:
-        entry = state.server(server.url)
-        if entry is not None:
-            entry.healthy = False
-
-    await fleet.change(out, wait=False)

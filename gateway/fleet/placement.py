@@ -31,7 +31,7 @@ class Placement:
         """Set by the app to share pins through the store; without it pins live in this process only."""
         self._pins: OrderedDict[str, tuple[str, bool]] = OrderedDict()
         """Rollout -> (its server, whether this process placed it there: those it adds to `pinned` until a
-        heartbeat brings the store's count, `gateway.fleet.sync`)."""
+        heartbeat brings the store's count, `gateway.replicas.replica`)."""
 
     async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
         """The rollout's server, and the server it left if it moved. A model no server lists goes where any

@@ -1,5 +1,5 @@
 """The vLLM servers behind the gateway: one pooled aiohttp session, the servers as this process holds them
-(`gateway.fleet.apply` keeps them as the fleet's state says), and each call sent to its rollout's server
+(`gateway.replicas.apply` keeps them as the run state says), and each call sent to its rollout's server
 (`gateway.fleet.placement`).
 
 aiohttp rather than httpx on this path: it costs a fraction of httpx's per-request overhead (measured in
@@ -21,7 +21,7 @@ from gateway.fleet.placement import Placement
 from gateway.fleet.replies import BackendFailure, BackendReply, Routed
 from gateway.fleet.routing import usable
 from gateway.fleet.servers import Server
-from gateway.fleet.weights import FleetWeights
+from gateway.fleet.weight_versions import FleetWeights
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class BackendPool:
         self.eject_after = eject_after
         """Failed health checks in a row before a server takes no more calls."""
         self.ejected: Callable[[Server], None] = lambda _server: None
-        """Called when a call finds a server unreachable (`gateway.fleet.sync` tells every process)."""
+        """Called when a call finds a server unreachable (`gateway.replicas.publish` tells every process)."""
         self._session = aiohttp.ClientSession(
             # Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are
             # reused.
@@ -221,7 +221,7 @@ class BackendPool:
     # -- what the servers can do ----------------------------------------------------------------------------
 
     async def check(self, server: Server) -> health.Found:
-        """One health check of `server` (`gateway.fleet.health`): what the fleet's state should say of it."""
+        """One health check of `server` (`gateway.fleet.health`): what the run state should say of it."""
         return await health.check(self._session, server, self.weights, self.eject_after, self.call_one)
 
     async def probe_scale_out(self, url: str) -> bool | None:

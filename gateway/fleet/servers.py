@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class Server:
     url: str
     healthy: bool = True
-    """As the fleet's state says (`gateway.fleet.health`): false once the leading process's checks failed
+    """As the run state says (`gateway.replicas.publish`): false once the leading process's checks failed
     `eject_after` times in a row, or a call could not connect; true again after one passing check."""
     draining: bool = False
     """Takes no new rollout; the rollouts pinned to it finish there."""

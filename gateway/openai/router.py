@@ -26,10 +26,9 @@ from gateway.openai.protocol import (
     TokenRouteRequest,
 )
 from gateway.openapi import raw_body
-from gateway.state import get_turns
 from gateway.turns.admission import admit
 from gateway.turns.capture import ChatCapture, CompletionCapture, TokensChatCapture, TurnCapture
-from gateway.turns.context import TurnContext
+from gateway.turns.context import TurnContext, turn_context
 from gateway.turns.forward import AgentCall, forward
 from gateway.turns.wire import OpenAIWire
 
@@ -42,14 +41,14 @@ class AgentRoute(APIRoute):
     profile of `bench/overhead_profile.py`).
 
     Its endpoint takes only the path's parameters (strings), the request and the agent path's `TurnContext`
-    (declared `ctx: TurnContext = Depends(get_turns)` for the documentation), and answers a `Response`.
+    (declared `ctx: TurnContext = Depends(turn_context)` for the documentation), and answers a `Response`.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         endpoint = self.endpoint
 
         async def handle(request: Request) -> Response:
-            ctx: TurnContext = request.app.state.gateway.turns
+            ctx: TurnContext = request.app.state.turns
             response: Response = await endpoint(**request.path_params, request=request, ctx=ctx)
             return response
 
@@ -130,7 +129,7 @@ async def _agent_call(
     responses={200: {"content": _STREAM}},
 )
 async def chat_completions(
-    rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)
+    rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
 ) -> Response:
     """OpenAI chat completions, forwarded to the rollout's vLLM server and recorded as a turn."""
     return await _agent_call(rollout_id, request, ctx, ChatCompletionRequest, ChatCapture)
@@ -143,7 +142,7 @@ async def chat_completions(
     responses={200: {"content": _STREAM}},
 )
 async def chat_completions_tokens(
-    rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)
+    rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
 ) -> Response:
     """Chat completions from a prompt the client gives as ids (`tokens`, beside its messages), as token-aware
     RL clients call it: the engine generates from those ids, and the turn is recorded like any other."""
@@ -156,7 +155,9 @@ async def chat_completions_tokens(
     response_model=Completion,
     responses={200: {"content": _STREAM}},
 )
-async def completions(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
+async def completions(
+    rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
+) -> Response:
     """OpenAI completions (a prompt as text or token ids), forwarded and recorded as a turn."""
     return await _agent_call(rollout_id, request, ctx, CompletionRequest, CompletionCapture)
 
@@ -189,20 +190,20 @@ async def _token_route(rollout_id: str, request: Request, ctx: TurnContext, path
 
 
 @tokens_router.post("/tokenize", openapi_extra=raw_body(TokenRouteRequest))
-async def tokenize(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
+async def tokenize(rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)) -> Response:
     """vLLM's /tokenize on the rollout's server: a prompt or chat messages (with tools) to the ids the
     engine would see."""
     return await _token_route(rollout_id, request, ctx, "/tokenize")
 
 
 @tokens_router.post("/detokenize", openapi_extra=raw_body(TokenRouteRequest))
-async def detokenize(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
+async def detokenize(rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)) -> Response:
     """vLLM's /detokenize on the rollout's server: ids to text."""
     return await _token_route(rollout_id, request, ctx, "/detokenize")
 
 
 @router.get("/models", response_model=ModelList)
-async def models(rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)) -> Response:
+async def models(rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)) -> Response:
     """The backends' models (as vLLM lists them)."""
     check_rollout_id(rollout_id)
     await admit(ctx, request, rollout_id)

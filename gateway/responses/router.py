@@ -21,10 +21,9 @@ from gateway.responses.items import ResponseShape, stored_response
 from gateway.responses.protocol import ResponseObject, ResponsesRequest
 from gateway.responses.translate import chat_tools, previous_conversation, to_chat
 from gateway.responses.wire import ResponsesWire
-from gateway.state import get_turns
 from gateway.turns.admission import admit
 from gateway.turns.capture import ChatCapture
-from gateway.turns.context import TurnContext
+from gateway.turns.context import TurnContext, turn_context
 from gateway.turns.forward import forward
 
 router = APIRouter(
@@ -45,7 +44,7 @@ _STREAM = event_stream(
     responses={200: {"content": _STREAM}},
 )
 async def create_response(
-    rollout_id: str, request: Request, ctx: TurnContext = Depends(get_turns)
+    rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
 ) -> Response:
     """OpenAI Responses, translated to a chat call on the rollout's vLLM server and recorded as a turn."""
     check_rollout_id(rollout_id)
@@ -77,7 +76,7 @@ async def create_response(
 
 @router.get("/responses/{response_id}", response_model=ResponseObject)
 async def get_response(
-    rollout_id: str, response_id: str, request: Request, ctx: TurnContext = Depends(get_turns)
+    rollout_id: str, response_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
 ) -> dict[str, Any]:
     """A response of this rollout as it was created (`store: false` responses are not kept)."""
     check_rollout_id(rollout_id)

@@ -199,20 +199,21 @@ teacher_scores = Table(
     Column("scored_at", Float, nullable=False),
 )
 
-# The gateway's fleet, shared by every gateway process on PostgreSQL (`gateway.fleet.shared`): one row of what
-# every process must hold alike, numbered by `epoch` (each change adds one and is announced with NOTIFY), the
-# vLLM servers, the history of weight reloads, and the processes themselves with their heartbeats.
-fleet = Table(
-    "fleet",
+# The gateway's run state, shared by every gateway process on PostgreSQL (`gateway.store.run_state`): one row
+# of what every process must hold alike, numbered by `epoch` (each change adds one and is announced with
+# NOTIFY), the fleet's vLLM servers, the history of weight reloads, and the processes themselves with their
+# heartbeats (`gateway.store.processes`).
+run_state = Table(
+    "run_state",
     metadata,
-    Column("fleet_id", Integer, primary_key=True),
+    Column("run_state_id", Integer, primary_key=True),
     Column("epoch", BigInteger, nullable=False),
     Column("policy_version", String(64), nullable=False),
     Column("paused", Boolean, nullable=False),
     # The pause's mode (wait, abort, keep) and the process whose admin call asked for it.
     Column("pause_mode", String(8)),
     Column("paused_by", String(64)),
-    # Weight reloads the fleet has done, and the weight version it was given (null: never).
+    # Weight reloads the servers have done, and the weight version they were given (null: never).
     Column("reloads", Integer, nullable=False),
     Column("weight_version", String(64)),
     Column("changed_at", Float, nullable=False),
@@ -228,7 +229,8 @@ fleet_servers = Table(
     Column("healthy", Boolean, nullable=False),
     Column("models", Json, nullable=False),
     Column("prefix_cache_hit_rate", Float),
-    # The fleet's reloads and weight version this server holds: one behind takes no calls until it has them.
+    # The reloads and weight version this server holds: one behind the run state's takes no calls until it has
+    # them.
     Column("reloads", Integer, nullable=False),
     Column("weight_version", String(64)),
     Column("added_at", Float, nullable=False),
@@ -253,8 +255,8 @@ gateway_processes = Table(
     # Seconds since the Unix epoch on the database's clock (hosts' clocks may differ).
     Column("started_at", Float, nullable=False),
     Column("heartbeat_at", Float, nullable=False),
-    # The newest fleet epoch the process holds, its agent calls in flight and held by a pause, and the calls
-    # it has seen end (a pause in abort mode waits until they stop ending).
+    # The newest run state's epoch the process holds, its agent calls in flight and held by a pause, and the
+    # calls it has seen end (a pause in abort mode waits until they stop ending).
     Column("applied_epoch", BigInteger, nullable=False),
     Column("in_flight", Integer, nullable=False),
     Column("waiting", Integer, nullable=False),

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.admin.traffic import Traffic
+from fastapi import Request
+
 from gateway.fleet.pool import BackendPool
 from gateway.store.records import Limits
 from gateway.store.status import Mode
 from gateway.turns.local_render import LocalRenders
 from gateway.turns.recording import Recorder
+from gateway.turns.traffic import Traffic
 
 
 @dataclass(frozen=True)
@@ -29,3 +31,8 @@ class TurnContext:
     max_body_bytes: int
     local_render: LocalRenders
     """Exact mode's renderers in the gateway's process (`--local-render`); the backend renders the rest."""
+
+
+async def turn_context(request: Request) -> TurnContext:
+    context: TurnContext = request.app.state.turns
+    return context

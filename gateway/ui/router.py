@@ -16,20 +16,21 @@ from starlette.responses import FileResponse, RedirectResponse, Response
 from gateway.auth import VIEWER_COOKIE, require_viewer
 from gateway.encoding import JsonResponse
 from gateway.errors import ApiError
-from gateway.state import GatewayState
 from gateway.ui import queries
+from gateway.ui.context import ViewerContext, viewer_context
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 T = TypeVar("T")
 STATIC = resources.files("gateway.ui") / "static"
+VIEWER = [Depends(require_viewer)]
 
 
 def _page(name: str) -> FileResponse:
     return FileResponse(str(STATIC / name), media_type="text/html")
 
 
-@router.get("")
-async def overview(_: GatewayState = Depends(require_viewer)) -> Response:
+@router.get("", dependencies=VIEWER)
+async def overview() -> Response:
     return _page("overview.html")
 
 
@@ -41,14 +42,14 @@ async def login(request: Request, token: str) -> Response:
     return answer
 
 
-@router.get("/api/rollouts")
+@router.get("/api/rollouts", dependencies=VIEWER)
 async def rollouts(
     group: str | None = None,
     tag: str | None = None,
     status: str | None = None,
     version: str | None = None,
     limit: int = Query(queries.PAGE, ge=1, le=1000),
-    state: GatewayState = Depends(require_viewer),
+    viewer: ViewerContext = Depends(viewer_context),
 ) -> Response:
     """The newest rollouts (filtered) with their counts, and reward per policy version."""
     filters = queries.Filters(group, tag, status, version)
@@ -59,55 +60,55 @@ async def rollouts(
             "versions": queries.reward_by_version(conn),
         }
 
-    return JsonResponse(await _read(state, overview))
+    return JsonResponse(await _read(viewer, overview))
 
 
-@router.get("/rollouts/{rollout_id}")
-async def rollout_page(rollout_id: str, _: GatewayState = Depends(require_viewer)) -> Response:
+@router.get("/rollouts/{rollout_id}", dependencies=VIEWER)
+async def rollout_page(rollout_id: str) -> Response:
     return _page("rollout.html")
 
 
-@router.get("/api/rollouts/{rollout_id}")
-async def rollout(rollout_id: str, state: GatewayState = Depends(require_viewer)) -> Response:
+@router.get("/api/rollouts/{rollout_id}", dependencies=VIEWER)
+async def rollout(rollout_id: str, viewer: ViewerContext = Depends(viewer_context)) -> Response:
     """The rollout with every turn's messages and ids, and the text of each id (by model)."""
-    found = await state.store.get_rollout(rollout_id, include_tokens=True, include_messages=True)
+    found = await viewer.store.get_rollout(rollout_id, include_tokens=True, include_messages=True)
     if found is None:
         raise ApiError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
     ids: dict[str | None, set[int]] = {}
     for turn in found["turns"]:
         ids.setdefault(turn["model"], set()).update(turn["prompt_token_ids"], turn["completion_token_ids"])
-    texts = {model: await state.token_texts.texts(model, wanted) for model, wanted in ids.items()}
+    texts = {model: await viewer.token_texts.texts(model, wanted) for model, wanted in ids.items()}
     return JsonResponse({"rollout": found, "texts": {str(model): t for model, t in texts.items()}})
 
 
-@router.get("/api/rollouts/{rollout_id}/samples")
-async def trainer_samples(rollout_id: str, state: GatewayState = Depends(require_viewer)) -> Response:
+@router.get("/api/rollouts/{rollout_id}/samples", dependencies=VIEWER)
+async def trainer_samples(rollout_id: str, viewer: ViewerContext = Depends(viewer_context)) -> Response:
     """What `trainer_client` would train on for this rollout: merged samples with loss mask and advantage."""
-    found = await _read(state, lambda conn: queries.trainer_samples(conn, rollout_id))
+    found = await _read(viewer, lambda conn: queries.trainer_samples(conn, rollout_id))
     if found is None:
         raise ApiError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
     return JsonResponse(found)
 
 
-@router.get("/groups/{group_id}")
-async def group_page(group_id: str, _: GatewayState = Depends(require_viewer)) -> Response:
+@router.get("/groups/{group_id}", dependencies=VIEWER)
+async def group_page(group_id: str) -> Response:
     return _page("group.html")
 
 
-@router.get("/api/groups/{group_id}")
-async def group(group_id: str, state: GatewayState = Depends(require_viewer)) -> Response:
+@router.get("/api/groups/{group_id}", dependencies=VIEWER)
+async def group(group_id: str, viewer: ViewerContext = Depends(viewer_context)) -> Response:
     """The group's rollouts side by side, with rewards and the advantages a trainer would give them."""
-    found = await _read(state, lambda conn: queries.group(conn, group_id))
+    found = await _read(viewer, lambda conn: queries.group(conn, group_id))
     if found is None:
         raise ApiError(404, f"group {group_id!r} has no rollouts", "group_not_found")
     return JsonResponse(found)
 
 
-async def _read(state: GatewayState, query: Callable[[Connection], T]) -> T:
+async def _read(viewer: ViewerContext, query: Callable[[Connection], T]) -> T:
     """`query` on a connection of the store, in a thread (the event loop keeps serving)."""
 
     def read() -> T:
-        with state.store.engine.connect() as conn:
+        with viewer.store.engine.connect() as conn:
             return query(conn)
 
     return await asyncio.to_thread(read)

@@ -293,7 +293,7 @@ async def test_a_retry_count_is_recorded_as_the_attempt(gw):
 
 
 async def test_a_process_that_cannot_confirm_the_fleet_turns_agent_calls_away_with_a_503_to_retry(gw):
-    gw.app.state.gateway.traffic.confirmed = lambda: False  # as when its heartbeats have failed for a while
+    gw.app.state.turns.traffic.confirmed = lambda: False  # as when its heartbeats have failed for a while
 
     answer = await gw.chat("r1")
 

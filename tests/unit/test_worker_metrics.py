@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.fleet.collector import FleetCollector
 from gateway.fleet.servers import Server
 from gateway.metrics import Metrics, exposition_with, samples
 
@@ -22,7 +23,7 @@ def worker(requests: int, in_flight: int, hit_rate: float, calls: list[tuple[str
     server = Server(
         "http://vllm-a", requests=requests, in_flight=in_flight, pinned=4, prefix_cache_hit_rate=hit_rate
     )
-    metrics.watch(lambda: [server])
+    metrics.registry.register(FleetCollector(lambda: [server]))
     for endpoint, status in calls:
         metrics.call(endpoint, status, 0.02, prompt_tokens=10, completion_tokens=3)
     return metrics

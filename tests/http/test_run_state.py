@@ -1,38 +1,50 @@
-"""How a gateway process holds the fleet's state (`gateway.fleet.sync`): each server's health, models and
-weights, the servers, the pause and the policy version are the fleet's, an older state arriving late changes
-nothing, health checks' findings become the fleet's, and the leading process publishes the servers a
+"""How a gateway process holds the run state (`gateway.replicas`): each server's health, models and weights,
+the servers, the pause and the policy version are the run state's, an older state arriving late changes
+nothing, health checks' findings become the run state's, and the leading process publishes the servers a
 `--backend-file` lists."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from gateway.app import create_app
-from gateway.fleet.health import Found, found, listed
+from gateway.fleet.health import Found
 from gateway.fleet.pool import BackendPool
-from gateway.fleet.records import FleetState, ServerEntry
-from gateway.fleet.weights import FleetWeights
+from gateway.fleet.weight_versions import FleetWeights
+from gateway.replicas.publish import found, listed
+from gateway.replicas.replica import Replica
 from gateway.settings import Settings
-from gateway.state import GatewayState
+from gateway.store.run_state import RunState, ServerEntry
 from gateway.store.store import Store
+from gateway.turns.recording import Recorder
+from gateway.turns.traffic import Traffic
 
 pytestmark = pytest.mark.anyio
 A, B, C = "http://vllm-a:8000", "http://vllm-b:8000", "http://vllm-c:8000"
 
 
+@dataclass(frozen=True)
+class Worker:
+    """The parts of a gateway process's app that hold the run state."""
+
+    replica: Replica
+    backends: BackendPool
+    recorder: Recorder
+    traffic: Traffic
+
+
 @pytest.fixture
-async def start_worker(
-    tmp_path: Path, empty_store: Path
-) -> AsyncIterator[Callable[..., Awaitable[GatewayState]]]:
+async def start_worker(tmp_path: Path, empty_store: Path) -> AsyncIterator[Callable[..., Awaitable[Worker]]]:
     """`await start_worker()`: one process's state over servers A and B (both in service, with `backend_file`
     listed in a file)."""
     async with AsyncExitStack() as stack:
 
-        async def start(*, backend_file: bool = False) -> GatewayState:
+        async def start(*, backend_file: bool = False) -> Worker:
             db = tmp_path / "gateway.db"
             db.write_bytes(empty_store.read_bytes())
             listed = tmp_path / "servers"
@@ -46,19 +58,19 @@ async def start_worker(
             stack.push_async_callback(pool.close)
             app = create_app(settings, store=store, backends=pool)
             await stack.enter_async_context(app.router.lifespan_context(app))
-            state: GatewayState = app.state.gateway
-            return state
+            admin = app.state.admin
+            return Worker(admin.replica, admin.backends, admin.recorder, app.state.turns.traffic)
 
         yield start
 
 
 @pytest.fixture
-async def worker(start_worker) -> GatewayState:
+async def worker(start_worker) -> Worker:
     return await start_worker()
 
 
-def fleet(epoch: int, *servers: ServerEntry, paused: bool = False, version: str = "3") -> FleetState:
-    return FleetState(
+def run_state(epoch: int, *servers: ServerEntry, paused: bool = False, version: str = "3") -> RunState:
+    return RunState(
         epoch=epoch,
         paused=paused,
         policy_version=version,
@@ -87,7 +99,7 @@ def entry(
     )
 
 
-def held(state: GatewayState) -> list[tuple[str, bool, bool, list[str], int, str | None]]:
+def held(state: Worker) -> list[tuple[str, bool, bool, list[str], int, str | None]]:
     """Each server as the process holds it: url, healthy, draining, models, reloads, weight version."""
     return [
         (s.url, s.healthy, s.draining, sorted(s.models), s.reloads, s.weight_version)
@@ -95,67 +107,71 @@ def held(state: GatewayState) -> list[tuple[str, bool, bool, list[str], int, str
     ]
 
 
-async def test_a_process_holds_each_servers_health_models_and_weights_as_the_fleet_says(worker):
+async def test_a_process_holds_each_servers_health_models_and_weights_as_the_run_state_says(worker):
     state = worker
 
-    state.fleet.take(fleet(1, entry(A, models=("tiny",)), entry(B, healthy=False, reloads=0, version=None)))
+    state.replica.take(
+        run_state(1, entry(A, models=("tiny",)), entry(B, healthy=False, reloads=0, version=None))
+    )
 
     assert held(state) == [(A, True, False, ["tiny"], 1, "3"), (B, False, False, [], 0, None)]
     assert (state.recorder.policy_version, state.backends.weights) == ("3", FleetWeights(1, "3"))
 
 
-async def test_an_older_fleet_arriving_late_changes_nothing(worker):
+async def test_an_older_run_state_arriving_late_changes_nothing(worker):
     state = worker
-    state.fleet.take(fleet(2, entry(A), entry(B), version="3"))
+    state.replica.take(run_state(2, entry(A), entry(B), version="3"))
 
-    state.fleet.take(fleet(1, entry(A, version="2"), version="2"))
+    state.replica.take(run_state(1, entry(A, version="2"), version="2"))
 
-    assert (state.recorder.policy_version, sorted(state.backends.servers), state.fleet.held.epoch) == (
+    assert (state.recorder.policy_version, sorted(state.backends.servers), state.replica.held.epoch) == (
         "3",
         [A, B],
         2,
     )
 
 
-async def test_servers_join_drain_and_leave_as_the_fleet_says(worker):
+async def test_servers_join_drain_and_leave_as_the_run_state_says(worker):
     state = worker
 
-    state.fleet.take(fleet(1, entry(A, draining=True), entry(C, healthy=False)))
+    state.replica.take(run_state(1, entry(A, draining=True), entry(C, healthy=False)))
 
     assert held(state) == [(A, True, True, [], 1, "3"), (C, False, False, [], 1, "3")]
 
 
-async def test_the_pause_is_the_fleets(worker):
+async def test_the_pause_is_the_run_states(worker):
     state = worker
 
-    state.fleet.take(fleet(1, entry(A), entry(B), paused=True))
+    state.replica.take(run_state(1, entry(A), entry(B), paused=True))
     assert state.traffic.paused is True
-    state.fleet.take(fleet(2, entry(A), entry(B)))
+    state.replica.take(run_state(2, entry(A), entry(B)))
 
     assert state.traffic.paused is False
 
 
-async def test_what_a_health_check_finds_becomes_the_fleets_and_finding_nothing_new_changes_nothing(worker):
+async def test_health_checks_findings_become_the_run_states_and_finding_nothing_new_changes_nothing(
+    worker,
+):
     state = worker
-    epoch = state.fleet.held.epoch
+    epoch = state.replica.held.epoch
     ejected = Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5, healthy=False)
 
-    await found(state.fleet, ejected)
-    await found(state.fleet, ejected)
+    await found(state.replica, ejected)
+    await found(state.replica, ejected)
 
     assert held(state)[0] == (A, False, False, ["tiny"], 0, None)
-    await found(state.fleet, Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5))
+    await found(state.replica, Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5))
     assert held(state)[0] == (A, False, False, ["tiny"], 0, None)  # a check that changed nothing
     admitted = Found(A, frozenset({"tiny"}), 0.5, healthy=True, weights=FleetWeights(2, "4"))
-    await found(state.fleet, admitted)
+    await found(state.replica, admitted)
     assert held(state)[0] == (A, True, False, ["tiny"], 2, "4")
     assert state.backends.servers[A].prefix_cache_hit_rate == 0.5
-    assert state.fleet.held.epoch == epoch + 2
+    assert state.replica.held.epoch == epoch + 2
 
 
 async def test_with_a_backend_file_the_leading_process_makes_the_servers_those_it_lists(start_worker):
     state = await start_worker(backend_file=True)
 
-    await listed(state.fleet, [A, C])
+    await listed(state.replica, [A, C])
 
     assert held(state) == [(A, True, False, [], 0, None), (C, False, False, [], 0, None)]

@@ -1,11 +1,12 @@
-"""One gateway on many processes and hosts: the fleet's state lives in PostgreSQL, every process follows it.
+"""One gateway on many processes and hosts, each a replica: the run state lives in PostgreSQL, every process
+follows it.
 
-An admin change is one transaction on the store's `fleet` rows (`gateway.store.fleet.change`), announced with
-NOTIFY; the process that made it waits until every live process has applied it. Each process LISTENs, and
-heartbeats once a `--heartbeat-interval` (twenty times a second while paused, so that a pause sees calls end
-at once): the heartbeat records its calls in flight, loads and metrics, reads the fleet's epoch, and applies a
-newer fleet, so a missed notification costs latency, never correctness. A process whose heartbeat is older
-than `--process-timeout` is dead: no change waits for it, and GET /admin/state says so.
+An admin change is one transaction on the store's run state (`gateway.store.run_state.change`), announced
+with NOTIFY; the process that made it waits until every live process has applied it. Each process LISTENs,
+and heartbeats once a `--heartbeat-interval` (twenty times a second while paused, so that a pause sees calls
+end at once): the heartbeat records its calls in flight, loads and metrics, reads the run state's epoch, and
+applies a newer one, so a missed notification costs latency, never correctness. A process whose heartbeat is
+older than `--process-timeout` is dead: no change waits for it, and GET /admin/state says so.
 
 A process that cannot reach the store for half that timeout stops admitting agent calls (503, retry): it can
 no longer confirm the policy version, and the change that replaced it may already have been acknowledged
@@ -26,19 +27,23 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import make_url
 
-from gateway.fleet import health
-from gateway.fleet.apply import adopt, fleet_of
-from gateway.fleet.records import FleetState, ProcessReport, ProcessRow, ServerLoad
-from gateway.metrics import samples
-from gateway.store import fleet as stored
+from gateway.fleet.pool import BackendPool
+from gateway.metrics import Metrics, samples
+from gateway.replicas.apply import adopt, held_by
+from gateway.settings import Settings
+from gateway.store import processes as stored_processes
+from gateway.store import run_state as stored
 from gateway.store.database import is_sqlite, normalize_url
+from gateway.store.processes import ProcessReport, ProcessRow, ServerLoad
+from gateway.store.run_state import RunState
+from gateway.store.store import Store
+from gateway.turns.recording import Recorder
+from gateway.turns.traffic import Traffic
 
 if TYPE_CHECKING:
     import psycopg
-
-    from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +54,26 @@ _POLL = 0.02
 """Seconds between reads of the processes while waiting for them."""
 _LEAD_LOCK = 0x726C_1EAD
 """Advisory lock the leading process holds on its listening connection (released if it dies), with its
-schema's hash as the second key (`gateway.store.fleet`)."""
+schema's hash as the second key (`gateway.store.processes`)."""
 
 
-class FleetSync:
-    def __init__(self, state: GatewayState) -> None:
-        settings = state.settings
-        self._state = state
-        self._engine: Engine = state.store.engine
+class Replica:
+    """This process of the gateway: what it holds of the run state, and what it reports of itself."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        backends: BackendPool,
+        traffic: Traffic,
+        recorder: Recorder,
+        metrics: Metrics,
+    ) -> None:
+        self._store, self._backends, self._traffic = store, backends, traffic
+        self._recorder, self._metrics = recorder, metrics
+        self._db = settings.db
         self.shared = not is_sqlite(settings.db)
-        """Whether the fleet lives in the store (PostgreSQL), followed by every process."""
+        """Whether the run state lives in the store (PostgreSQL), followed by every process."""
         self.interval = settings.heartbeat_interval
         self.timeout = settings.process_timeout
         self.process: dict[str, Any] = {
@@ -67,7 +82,7 @@ class FleetSync:
             "pid": os.getpid(),
             "port": settings.port,
         }
-        self.held = fleet_of(state)
+        self.held = held_by(backends, traffic, recorder)
         self.leads = not self.shared
         """Whether this process checks the servers' health for the gateway (one process does)."""
         self._confirmed = -math.inf
@@ -81,25 +96,23 @@ class FleetSync:
     def process_id(self) -> str:
         return str(self.process["process_id"])
 
-    async def start(self, *, watch: bool = True) -> None:
-        """Register, take the fleet (the stored one, unless no other process is alive), and follow it; with
-        `watch`, check the servers' health whenever this process leads."""
-        self._state.backends.ejected = lambda server: self.keep(health.ejected(self, server))
-        self._state.traffic.confirmed = self.confirmed
-        if watch:
-            self.keep(health.watch(self, self._state))
+    async def start(self) -> None:
+        """Register, take the run state (the stored one, unless no other process is alive), and follow it."""
+        self._traffic.confirmed = self.confirmed
         if not self.shared:
             return
         began = time.monotonic()
-        fleet = await self._run(stored.register, self.process, self.held, self._report(), self.timeout)
-        self.take(fleet)
+        state = await self._run(
+            stored_processes.register, self.process, self.held, self._report(), self.timeout
+        )
+        self.take(state)
         self._confirmed = began
         log.info(
-            "process %s joined the gateway at fleet epoch %d (policy version %s%s)",
+            "process %s joined the gateway at run state epoch %d (policy version %s%s)",
             self.process_id,
-            fleet.epoch,
-            fleet.policy_version,
-            ", paused" if fleet.paused else "",
+            state.epoch,
+            state.policy_version,
+            ", paused" if state.paused else "",
         )
         self.keep(self._follow())
 
@@ -109,29 +122,29 @@ class FleetSync:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.shared:
             try:
-                await self._run(stored.leave, self.process_id)
+                await self._run(stored_processes.leave, self.process_id)
             except Exception as exc:  # a process leaving a lost store is already counted dead
                 log.warning("process %s could not deregister: %r", self.process_id, exc)
 
     # -- changes ------------------------------------------------------------------------------------------
 
-    async def change(self, edit: Callable[[FleetState], None], *, wait: bool = True) -> FleetState:
-        """Make the next fleet (`edit` applied to the current one) and, with `wait`, return once every live
-        process holds it. `edit` raises to refuse the change (KeyError, ValueError), which then changes
-        nothing; an edit that changes nothing makes no new fleet."""
+    async def change(self, edit: Callable[[RunState], None], *, wait: bool = True) -> RunState:
+        """Make the next run state (`edit` applied to the current one) and, with `wait`, return once every
+        live process holds it. `edit` raises to refuse the change (KeyError, ValueError), which then changes
+        nothing; an edit that changes nothing makes no new run state."""
         if not self.shared:
-            fleet = self.held.model_copy(deep=True)
-            edit(fleet)
-            if fleet != self.held:
-                fleet.epoch = self.held.epoch + 1
-                self.take(fleet)
+            state = self.held.model_copy(deep=True)
+            edit(state)
+            if state != self.held:
+                state.epoch = self.held.epoch + 1
+                self.take(state)
             return self.held
-        fleet = await self._run(stored.change, edit, self.process_id)
-        self.take(fleet)
+        state = await self._run(stored.change, edit, self.process_id)
+        self.take(state)
         if wait:
             await self._beat()
-            await self._acknowledged(fleet.epoch)
-        return fleet
+            await self._acknowledged(state.epoch)
+        return state
 
     async def _acknowledged(self, epoch: int) -> None:
         def holds(rows: list[ProcessRow]) -> bool:
@@ -139,7 +152,9 @@ class FleetSync:
 
         if not await self.until(holds, self.timeout):
             late = [row.process_id for row in await self.alive() if row.applied_epoch < epoch]
-            log.warning("fleet epoch %d: processes %s did not apply it in %.0f s", epoch, late, self.timeout)
+            log.warning(
+                "run state epoch %d: processes %s did not apply it in %.0f s", epoch, late, self.timeout
+            )
 
     # -- the processes ------------------------------------------------------------------------------------
 
@@ -148,7 +163,7 @@ class FleetSync:
         mine = ProcessRow(**self._report().model_dump(), **self.process, started_at=0.0, heartbeat_age=0.0)
         if not self.shared:
             return [mine]
-        rows = await self._run(stored.processes)
+        rows = await self._run(stored_processes.processes)
         started = next((row.started_at for row in rows if row.process_id == self.process_id), 0.0)
         others = [row for row in rows if row.process_id != self.process_id]
         return [mine.model_copy(update={"started_at": started}), *others]
@@ -166,7 +181,7 @@ class FleetSync:
         return True
 
     def confirmed(self) -> bool:
-        """Whether this process has confirmed the fleet with the store recently enough to serve."""
+        """Whether this process has confirmed the run state with the store recently enough to serve."""
         return not self.shared or time.monotonic() - self._confirmed < self.timeout / 2
 
     # -- following ------------------------------------------------------------------------------------------
@@ -174,7 +189,7 @@ class FleetSync:
     async def _follow(self) -> None:
         import psycopg  # the postgres extra's: a SQLite gateway has nothing to follow
 
-        conninfo = make_url(normalize_url(self._state.settings.db)).set(drivername="postgresql")
+        conninfo = make_url(normalize_url(self._db)).set(drivername="postgresql")
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -200,17 +215,19 @@ class FleetSync:
         async with self._beating:
             began = time.monotonic()
             try:
-                epoch, pinned = await self._run(stored.beat, self.process_id, self._report(metrics=True))
-            except LookupError:  # its row was taken for dead and deleted: it joins again
-                fleet = await self._run(
-                    stored.register, self.process, self.held, self._report(), self.timeout
+                epoch, pinned = await self._run(
+                    stored_processes.beat, self.process_id, self._report(metrics=True)
                 )
-                self.take(fleet)
-                epoch, pinned = fleet.epoch, {}
+            except LookupError:  # its row was taken for dead and deleted: it joins again
+                state = await self._run(
+                    stored_processes.register, self.process, self.held, self._report(), self.timeout
+                )
+                self.take(state)
+                epoch, pinned = state.epoch, {}
             if epoch > self.held.epoch:
-                self.take(await self._run(stored.read_fleet))
-                await self._run(stored.beat, self.process_id, self._report())
-            for server in self._state.backends.servers.values():
+                self.take(await self._run(stored.read_run_state))
+                await self._run(stored_processes.beat, self.process_id, self._report())
+            for server in self._backends.servers.values():
                 server.pinned = pinned.get(server.url, 0)
             self._confirmed = began
 
@@ -225,36 +242,36 @@ class FleetSync:
             self.leads = True
             log.info("process %s leads: it checks the servers' health for the gateway", self.process_id)
 
-    def take(self, fleet: FleetState | None) -> None:
-        """Hold `fleet` unless this process already holds a newer one."""
-        if fleet is None or fleet.epoch <= self.held.epoch:
+    def take(self, state: RunState | None) -> None:
+        """Hold `state` unless this process already holds a newer one."""
+        if state is None or state.epoch <= self.held.epoch:
             return
-        self.held = fleet
-        adopt(self._state, fleet)
+        self.held = state
+        adopt(state, self._backends, self._traffic, self._recorder)
 
     def _report(self, *, metrics: bool = False) -> ProcessReport:
-        state = self._state
         send_metrics = metrics and time.monotonic() - self._metrics_at >= self.interval
         if send_metrics:
             self._metrics_at = time.monotonic()
-            state.metrics.commits.set(state.store.commits)
+            self._metrics.commits.set(self._store.commits)
+        traffic = self._traffic
         return ProcessReport(
             applied_epoch=self.held.epoch,
-            in_flight=state.traffic.in_flight,
-            waiting=state.traffic.waiting,
-            ended=state.traffic.ended,
+            in_flight=traffic.in_flight,
+            waiting=traffic.waiting,
+            ended=traffic.ended,
             loads={
                 s.url: ServerLoad(in_flight=s.in_flight, requests=s.requests, errors=s.errors)
-                for s in state.backends.servers.values()
+                for s in self._backends.servers.values()
             },
-            metrics=samples(state.metrics.registry) if send_metrics else None,
+            metrics=samples(self._metrics.registry) if send_metrics else None,
         )
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(conn, *args)` in one transaction, in a thread."""
 
         def run() -> T:
-            with self._engine.begin() as conn:
+            with self._store.engine.begin() as conn:
                 return fn(conn, *args)
 
         return await asyncio.to_thread(run)
@@ -268,4 +285,4 @@ class FleetSync:
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.warning("fleet work in the background failed: %r", task.exception())
+            log.warning("replica work in the background failed: %r", task.exception())

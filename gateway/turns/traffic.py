@@ -1,5 +1,5 @@
 """Admission of agent calls: counts those in flight, holds new ones while the gateway is paused, and turns
-them away while this process cannot confirm the fleet with the store (`gateway.fleet.sync`)."""
+them away while this process cannot confirm the run state with the store (`gateway.replicas.replica`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class Traffic:
         self.ended = 0
         """Calls that have ended."""
         self.confirmed: Callable[[], bool] = lambda: True
-        """Whether this process holds the fleet as the store has it (set by `FleetSync`)."""
+        """Whether this process holds the run state as the store has it (set by `Replica`)."""
 
     @property
     def paused(self) -> bool:

@@ -1,0 +1,24 @@
+"""What the admin API works with, handed to it by the app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from gateway.fleet.pool import BackendPool
+from gateway.replicas.replica import Replica
+from gateway.turns.recording import Recorder
+
+
+@dataclass(frozen=True)
+class AdminContext:
+    replica: Replica
+    """This process, through which a change reaches every process of the gateway."""
+    backends: BackendPool
+    recorder: Recorder
+
+
+async def admin_context(request: Request) -> AdminContext:
+    context: AdminContext = request.app.state.admin
+    return context

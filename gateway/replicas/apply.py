@@ -1,0 +1,53 @@
+"""This process holding the run state: what it holds now, and taking a newer one (its pause, policy version,
+weights and servers with their health)."""
+
+from __future__ import annotations
+
+from gateway.fleet.pool import BackendPool
+from gateway.fleet.servers import Server
+from gateway.fleet.weight_versions import FleetWeights
+from gateway.store.run_state import RunState, ServerEntry
+from gateway.turns.recording import Recorder
+from gateway.turns.traffic import Traffic
+
+
+def held_by(backends: BackendPool, traffic: Traffic, recorder: Recorder, epoch: int = 0) -> RunState:
+    """The run state as this process holds it."""
+    return RunState(
+        epoch=epoch,
+        policy_version=recorder.policy_version,
+        paused=traffic.paused,
+        reloads=backends.weights.reloads,
+        weight_version=backends.weights.version,
+        servers=[_entry(server) for server in backends.servers.values()],
+    )
+
+
+def _entry(server: Server) -> ServerEntry:
+    return ServerEntry(
+        url=server.url,
+        draining=server.draining,
+        healthy=server.healthy,
+        models=sorted(server.models),
+        prefix_cache_hit_rate=server.prefix_cache_hit_rate,
+        reloads=server.reloads,
+        weight_version=server.weight_version,
+    )
+
+
+def adopt(state: RunState, backends: BackendPool, traffic: Traffic, recorder: Recorder) -> None:
+    """Hold `state`: its pause, policy version, weights and servers."""
+    if state.paused:
+        traffic.close()
+    else:
+        traffic.open()
+    recorder.policy_version = state.policy_version
+    backends.weights = FleetWeights(state.reloads, state.weight_version)
+    for entry in state.servers:
+        server = backends.add(entry.url)
+        server.draining, server.healthy = entry.draining, entry.healthy
+        server.models, server.prefix_cache_hit_rate = frozenset(entry.models), entry.prefix_cache_hit_rate
+        server.reloads, server.weight_version = entry.reloads, entry.weight_version
+    wanted = {entry.url for entry in state.servers}
+    for url in [url for url in backends.servers if url not in wanted]:
+        backends.remove(url)

@@ -1,0 +1,90 @@
+"""The check that keeps the packages' imports pointing one way (`scripts/check_layers.py`, run by
+`scripts/dev check`): the project passes it, and it finds an import from a layer above, a circle of
+type-only imports, and a trainer reading more of the gateway than the store."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("check_layers", ROOT / "scripts" / "check_layers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+check = load_check()
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for package in ("gateway", "trainer_client"):
+        (root / package).mkdir(exist_ok=True)
+        for folder in [root / package, *(p for p in (root / package).rglob("*") if p.is_dir())]:
+            (folder / "__init__.py").touch()
+    return root
+
+
+def test_the_projects_imports_point_one_way():
+    assert list(check.findings(ROOT)) == []
+
+
+def test_an_import_from_a_layer_above_is_found(tmp_path):
+    root = tree(
+        tmp_path,
+        {
+            "gateway/store/rows.py": "from gateway.turns.forward import forward\n",
+            "gateway/turns/forward.py": "",
+        },
+    )
+
+    assert list(check.findings(root)) == [
+        "gateway.store.rows imports gateway.turns.forward, which is in a layer above it"
+    ]
+
+
+def test_a_circle_of_type_only_imports_is_found(tmp_path):
+    only_types = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway.fleet.{} import X\n"
+    root = tree(
+        tmp_path,
+        {
+            "gateway/fleet/pool.py": only_types.format("health"),
+            "gateway/fleet/health.py": only_types.format("pool"),
+        },
+    )
+
+    assert list(check.findings(root)) == ["a circle of 2 modules: gateway.fleet.health, gateway.fleet.pool"]
+
+
+def test_a_trainer_reading_past_the_store_and_a_gateway_needing_the_trainer_are_found(tmp_path):
+    root = tree(
+        tmp_path,
+        {
+            "trainer_client/client.py": "import gateway.store.reads\nfrom gateway.fleet import pool\n",
+            "gateway/store/reads.py": "",
+            "gateway/fleet/pool.py": "",
+            "gateway/turns/forward.py": "import trainer_client.client\n",
+        },
+    )
+
+    assert list(check.findings(root)) == [
+        "gateway.turns.forward imports trainer_client.client: the gateway does not depend on trainer_client",
+        "trainer_client.client imports gateway.fleet.pool: trainer_client reads only gateway.store",
+    ]
+
+
+def test_a_module_in_no_layer_is_named(tmp_path):
+    root = tree(tmp_path, {"gateway/plugins.py": ""})
+
+    assert list(check.findings(root)) == [
+        "gateway.plugins is in no layer: add it to LAYERS in scripts/check_layers.py"
+    ]
