@@ -23,8 +23,8 @@ import httpx
 import orjson
 from aiohttp import web
 
-from gateway.demo.launcher import GatewayProcess
-from gateway.demo.process import free_port
+from testbed.launcher import GatewayProcess
+from testbed.process import free_port
 
 TOKEN = {
     "choices": [

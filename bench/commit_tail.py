@@ -25,7 +25,7 @@ import fake_vllm
 import numpy as np
 from gateway_overhead import Client, agent_body, paths_for, postgres_schemas
 
-from gateway.demo.launcher import GatewayProcess
+from testbed.launcher import GatewayProcess
 
 TARGET_P999_MS, TARGET_MAX_MS = 10.0, 25.0
 

@@ -23,9 +23,9 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.demo.launcher import GatewayProcess
-from gateway.demo.tiny_model import build_tiny_model
-from gateway.demo.vllm_server import VLLMServer
+from testbed.launcher import GatewayProcess
+from testbed.tiny_model import build_tiny_model
+from testbed.vllm_server import VLLMServer
 
 CALLS, TOKENS = 40, 16
 PROMPT = "Tell me a story about a gateway."

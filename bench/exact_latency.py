@@ -32,9 +32,9 @@ from typing import Any
 import httpx
 import openai
 
-from gateway.demo.launcher import GatewayProcess
-from gateway.demo.tiny_model import LONG_CONTEXT, build_tiny_model
-from gateway.demo.vllm_server import VLLMServer
+from testbed.launcher import GatewayProcess
+from testbed.tiny_model import LONG_CONTEXT, build_tiny_model
+from testbed.vllm_server import VLLMServer
 
 TOOLS = [
     {

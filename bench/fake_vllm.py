@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-from gateway.demo.process import ManagedProcess, start_until_ready
+from testbed.process import ManagedProcess, start_until_ready
 
 PROMPT_TOKENS = 3200
 COMPLETION_TOKENS = 64

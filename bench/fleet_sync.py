@@ -23,7 +23,7 @@ import fake_vllm
 import httpx
 from gateway_overhead import agent_body, postgres_schemas, throughput
 
-from gateway.demo.launcher import GatewayProcess
+from testbed.launcher import GatewayProcess
 
 
 async def one_change(replicas: list[GatewayProcess], through: int, version: str) -> tuple[float, float]:

@@ -30,8 +30,8 @@ import fake_vllm
 import sqlalchemy as sa
 from gateway_overhead import POSTGRES_URL, Client, agent_body, paths_for
 
-from gateway.demo.launcher import GatewayProcess
 from gateway.store.database import make_engine
+from testbed.launcher import GatewayProcess
 
 COMPONENTS = [  # (component, path fragments of the sampled leaf frame), the first match wins
     ("capture: reply parsing, ids", ["gateway/turns/capture"]),

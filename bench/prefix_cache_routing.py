@@ -28,9 +28,9 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.demo.launcher import GatewayProcess
-from gateway.demo.tiny_model import build_tiny_model
-from gateway.demo.vllm_server import VLLMServer
+from testbed.launcher import GatewayProcess
+from testbed.tiny_model import build_tiny_model
+from testbed.vllm_server import VLLMServer
 
 SYSTEM = "You are a coding agent. Use the tools to inspect the repository, then fix the failing test. " * 6
 TOKENS = 16

@@ -27,8 +27,8 @@ import fake_vllm
 import orjson
 import sqlalchemy as sa
 
-from gateway.demo.launcher import GatewayProcess
 from gateway.store.database import make_engine
+from testbed.launcher import GatewayProcess
 
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 SYSTEM = "You are a coding agent. " + " ".join(f"word{i % 97}" for i in range(1400))

@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 
-from gateway.demo.agent import engine_and_gateway
-from gateway.demo.tiny_model import build_tiny_model
 from gateway.store.database import make_engine
+from testbed.demo.agent import engine_and_gateway
+from testbed.tiny_model import build_tiny_model
 from trainer_client.scoring import Scorer, TeacherServer
 
 POSTGRES = os.environ.get("GATEWAY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")

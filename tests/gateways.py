@@ -15,7 +15,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.cli import build_parser, settings_from
-from gateway.demo.process import free_port
+from testbed.process import free_port
 
 from support import TIMEOUT, wait_for
 

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.demo.vllm_server import VLLMServer
+from testbed.vllm_server import VLLMServer
 
 TOOLS = [
     {

@@ -1,5 +1,5 @@
-"""`gateway demo --keep`, as a new user runs it: the demo ends on the viewer's address, and the gateway keeps
-serving the rollouts it made until the user stops it."""
+"""`scripts/dev demo --keep`, as a new user runs it: the demo ends on the viewer's address, and the gateway
+keeps serving the rollouts it made until the user stops it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_the_demo_ends_on_the_viewer_of_its_rollouts_and_keeps_serving_them_unti
 ):
     workdir = work_dir / "demo-keep"
     shutil.copytree(model_dir, workdir / "model")  # the demo's own build finds it made
-    command = [sys.executable, "-m", "gateway", "demo", "--keep", "--workdir", str(workdir)]
+    command = [sys.executable, "-m", "testbed.demo", "--keep", "--workdir", str(workdir)]
     command += ["--groups", "1", "--group-size", "2", "--turns", "1"]
     demo = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watchdog = threading.Timer(300, demo.kill)

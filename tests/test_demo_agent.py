@@ -1,4 +1,4 @@
-"""The demo's agent in each dialect it speaks (`gateway demo --dialect`), on the real engine: the same
+"""The demo's agent in each dialect it speaks (`scripts/dev demo --dialect`), on the real engine: the same
 conversation through chat completions, Anthropic Messages or OpenAI Responses is the same chat request for
 vLLM, so its turns hold the same ids whatever the dialect."""
 
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from gateway.demo.agent import run_rollout
+from testbed.demo.agent import run_rollout
 
 from support import on_store, stored_rollout
 

@@ -10,8 +10,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.demo.launcher import GatewayProcess
-from gateway.demo.process import free_port
+from testbed.launcher import GatewayProcess
+from testbed.process import free_port
 
 from support import TIMEOUT, async_agent, stored_rollout, sync_agent, wait_for
 

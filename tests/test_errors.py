@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.demo.process import free_port
+from testbed.process import free_port
 
 from support import TIMEOUT, VLLM_HEADERS, assert_openai_error, on_store, stored_rollout, sync_agent
 

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from gateway.demo.tiny_model import THINK_STRIPPING_CHAT_TEMPLATE
+from testbed.tiny_model import THINK_STRIPPING_CHAT_TEMPLATE
 from trainer_client import SampleOptions, TrainerClient
 
 from support import (

@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
-from gateway.demo.launcher import GatewayProcess
-from gateway.demo.vllm_server import VLLMServer
 from gateway.fleet.routing import share_bound
+from testbed.launcher import GatewayProcess
+from testbed.vllm_server import VLLMServer
 
 from engines import SessionEngines
 from support import TIMEOUT, admin, async_agent, stored_rollout, sync_agent, wait_for

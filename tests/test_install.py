@@ -25,9 +25,9 @@ import httpx
 import pytest
 from openai.types.chat import ChatCompletion
 
-from gateway.demo.process import ManagedProcess, start_until_ready
-from gateway.demo.vllm_server import VLLMServer
 from gateway.store.database import display_url, head_revision
+from testbed.process import ManagedProcess, start_until_ready
+from testbed.vllm_server import VLLMServer
 
 from support import TIMEOUT, VLLM_KEY, detokenize, sync_agent, tokenize_chat, wait_for
 

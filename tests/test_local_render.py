@@ -10,7 +10,7 @@ import httpx
 import pytest
 from test_exact_mode import TURNS, run_agent
 
-from gateway.demo.tiny_model import CHAT_TEMPLATE
+from testbed.tiny_model import CHAT_TEMPLATE
 
 from support import TIMEOUT, VLLM_HEADERS, chat, on_store, stored_rollout, sync_agent
 

@@ -21,9 +21,9 @@ import openai
 import pytest
 
 from gateway.app import create_app
-from gateway.demo.launcher import GatewayProcess
-from gateway.demo.process import free_port
 from gateway.settings import Settings
+from testbed.launcher import GatewayProcess
+from testbed.process import free_port
 
 from support import TIMEOUT, VLLM_HEADERS, admin, assert_openai_error, stored_rollout, sync_agent, wait_for
 

@@ -1,5 +1,5 @@
 """Teacher scores (`trainer-client score`) on rollouts made through the real gateway, scored by a real teacher
-vLLM (the tiny model fine-tuned on the toy task, as `gateway demo --distill` makes it), on SQLite and
+vLLM (the tiny model fine-tuned on the toy task, as `scripts/dev demo --distill` makes it), on SQLite and
 PostgreSQL, read back through the trainer_client API and the export; and distillation end to end, a student
 on the trainable vLLM learning from that teacher."""
 
@@ -267,8 +267,8 @@ def test_bad_score_arguments_are_one_line_errors(args, message, tmp_path: Path, 
 def test_distillation_through_the_gateway_moves_the_student_to_the_teacher(
     policy_vllm, teacher_vllm, start_gateway, databases
 ):
-    from gateway.demo.train import distill_config
     from gateway.store.database import make_engine
+    from testbed.demo.train import distill_config
     from trainer_client.reference.loop import run_loop
 
     db_url = databases.new("postgresql")

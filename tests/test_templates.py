@@ -1,5 +1,5 @@
 """Exact tokens on the chat templates teams serve: a tiny model built with each family's special tokens,
-template and vLLM parsers (gateway.demo.families), driven through a five-turn tool-using conversation
+template and vLLM parsers (testbed.families), driven through a five-turn tool-using conversation
 (two tool calls, an answer, a new user message, a tool call, an answer), whole and streamed, in exact mode
 and in pass-through, with `structured_outputs` forcing each reply.
 
@@ -23,9 +23,9 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from gateway.demo.families import FAMILIES, Family
-from gateway.demo.vllm_server import VLLMServer
 from gateway.turns.splice import RE_RENDERED
+from testbed.families import FAMILIES, Family
+from testbed.vllm_server import VLLMServer
 
 from engines import TEMPLATE_FAMILIES, SessionEngines
 from gateways import GatewayThread

@@ -64,7 +64,7 @@ async def answered_and_in_flight(http: httpx.AsyncClient) -> tuple[int, int]:
 
 
 def test_async_grpo_through_the_gateway_raises_mean_reward(policy_vllm, start_gateway, databases, work_dir):
-    from gateway.demo.train import demo_config
+    from testbed.demo.train import demo_config
     from trainer_client.reference.loop import run_loop, save_report
 
     db_url = databases.new("sqlite")
@@ -189,7 +189,7 @@ RANK_LOOP = """
 import dataclasses, json, sys
 from pathlib import Path
 import torch.distributed as dist
-from gateway.demo.train import demo_config
+from testbed.demo.train import demo_config
 from trainer_client.reference.loop import run_rank
 from trainer_client.reference.trainer import GRPOTrainer
 from trainer_client.weights import save_weights

@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from gateway.demo.launcher import GatewayProcess
+from testbed.launcher import GatewayProcess
 
 from support import TIMEOUT
 

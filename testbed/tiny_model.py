@@ -34,7 +34,7 @@ weights: the rotary embedding needs no table), for harnesses whose system prompt
 24,000 tokens (Claude Code, Codex CLI); served with ``VLLMServer(..., max_model_len=LONG_CONTEXT)``.
 
 ``build_tiny_model(out_dir, family="mistral")`` builds the same model with another family's special tokens,
-end token and chat template (``gateway.demo.families``: Qwen3, Llama 3.1 JSON, Mistral, DeepSeek-V3,
+end token and chat template (``testbed.families``: Qwen3, Llama 3.1 JSON, Mistral, DeepSeek-V3,
 Granite), to be served with that family's vLLM parsers (``Family.server_args``). Its markup tokens get a
 logit bonus, so that a reply forced by ``structured_outputs`` writes each marker as its one token.
 
@@ -59,7 +59,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from gateway.demo.families import CHATML, FAMILIES, Family
+from testbed.families import CHATML, FAMILIES, Family
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -703,7 +703,7 @@ def build_tiny_model(
 ) -> Path:
     """Write the tiny model into ``out_dir`` (created if needed) and return it as an absolute ``Path``.
 
-    ``family`` names the tokens and chat template it is built with (``gateway.demo.families``); every
+    ``family`` names the tokens and chat template it is built with (``testbed.families``); every
     family has the same shapes and corpus.
     Does nothing if ``out_dir`` already holds a complete model made with the same parameters, unless
     ``force``. ``weights_seed`` changes only the weights (same tokenizer, template and shapes): write a model

