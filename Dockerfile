@@ -8,6 +8,7 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY gateway ./gateway
 COPY trainer_client ./trainer_client
+COPY training_data ./training_data
 COPY migrations ./migrations
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir dist .
 
@@ -17,7 +18,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
 WORKDIR /app
 COPY requirements/constraints.txt requirements/
 COPY --from=wheel /src/dist dist/
-RUN pip install --no-cache-dir "$(echo dist/*.whl)[postgres]" -c requirements/constraints.txt \
+RUN pip install --no-cache-dir "$(echo dist/*.whl)[server,postgres]" -c requirements/constraints.txt \
     && useradd --create-home gateway && mkdir /data && chown gateway /data
 USER gateway
 VOLUME /data

@@ -1,6 +1,6 @@
-"""What the wheel ships: every package found under gateway/, trainer_client/ and migrations/, with every file
-in them that is not Python source (the viewer's pages, scripts and styles; alembic's revision template), so
-that a new package or asset ships without anyone listing it. The rest of the metadata is in pyproject.toml,
+"""What the wheel ships: every package found under gateway/, trainer_client/, training_data/ and migrations/,
+with every file in them that is not Python source (the viewer's pages, scripts and styles; alembic's
+revision template), so that a new package or asset ships without anyone listing it. The rest of the metadata is in pyproject.toml,
 which cannot both find packages and map one to another directory: the migrations stay at the top of the
 repository, where alembic.ini finds them, and ship inside the package as gateway.migrations."""
 
@@ -18,6 +18,7 @@ setup(
         *found("gateway", "gateway"),
         *found("migrations", "gateway.migrations"),
         *found("trainer_client", "trainer_client"),
+        *found("training_data", "training_data"),
     ],
     package_dir={"gateway.migrations": "migrations"},
     package_data={"": ["*"]},

@@ -10,8 +10,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway import __version__
-from gateway.logs import configure_logging
-from gateway.settings import Settings
+
+try:
+    from gateway.logs import configure_logging
+    from gateway.settings import Settings
+except ModuleNotFoundError as missing:  # an install for the store's reads alone (a trainer's, an analyst's)
+    raise SystemExit(
+        f"gateway: the server extra is not installed ({missing.name} is missing): "
+        "pip install 'rl-gateway[server]'"
+    ) from None
 
 _REPEATABLE = {"backend": "URL", "local_render": "'MODEL [ARGS]'"}
 """Settings given once per item (one flag each), with what each flag takes."""

@@ -5,8 +5,10 @@ couples two modules as much as any other.
 
 - Each module of `gateway` belongs to one layer of `LAYERS` and imports only from its own layer or lower ones.
 - No circle of modules, whatever their layers.
-- `trainer_client` reads the store and nothing else of the gateway; the gateway never imports
-  `trainer_client`; neither imports the tests' and demo's `testbed`.
+- `training_data` and `trainer_client` read the store's read contract (`READ_CONTRACT`) and nothing else of
+  the gateway; `training_data` never imports `trainer_client`; of the gateway, only the viewer imports
+  `training_data`, and nothing imports `trainer_client`.
+- What ships never imports the tests' and demo's `testbed`.
 """
 
 from __future__ import annotations
@@ -40,8 +42,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 the replicas (the gateway's processes), over the turn path, over its errors and keys, over the vLLM servers
 (the fleet), over the store, over the core types. A name is a module or a package with everything under it;
 `gateway` alone is the package's own `__init__`."""
-TRAINER_READS = ("gateway.store",)
-"""What of the gateway `trainer_client` may import."""
+READ_CONTRACT = (
+    "gateway.store.schema",
+    "gateway.store.database",
+    "gateway.store.tokens",
+    "gateway.store.delta",
+    "gateway.store.status",
+)
+"""The store's read contract: the tables, the database, packed ids, the delta rebuild and the statuses; what
+`training_data` and `trainer_client` may import of the gateway (never the writer)."""
+VIEWER = ("gateway.ui",)
+"""The part of the gateway that shows what trains (`training_data`); the serving path never imports it."""
 
 
 def modules(root: Path, packages: Iterable[str]) -> dict[str, Path]:
@@ -125,32 +136,33 @@ def _within(module: str, names: Iterable[str]) -> bool:
 
 
 def findings(root: Path) -> Iterator[str]:
-    known = modules(root, ("gateway", "trainer_client", "testbed"))
+    known = modules(root, ("gateway", "training_data", "trainer_client", "testbed"))
     graph = {name: imported(name, path, known) for name, path in known.items()}
     for name in sorted(graph):
-        if name.startswith("testbed"):
-            continue
-        for other in sorted(graph[name]):
-            if other.startswith("testbed"):
-                yield f"{name} imports {other}: what ships never imports the testbed"
-        if name.startswith("trainer_client"):
-            for other in sorted(graph[name]):
-                if other.startswith("gateway") and not _within(other, TRAINER_READS):
-                    yield f"{name} imports {other}: trainer_client reads only {', '.join(TRAINER_READS)}"
-            continue
-        own = layer(name)
-        if own is None:
-            yield f"{name} is in no layer: add it to LAYERS in scripts/check_layers.py"
-            continue
-        for other in sorted(graph[name]):
-            if other.startswith("trainer_client"):
-                yield f"{name} imports {other}: the gateway does not depend on trainer_client"
-                continue
-            theirs = layer(other)
-            if theirs is not None and theirs < own:
-                yield f"{name} imports {other}, which is in a layer above it"
+        if not name.startswith("testbed"):
+            yield from _crossings(name, sorted(graph[name]))
     for circle in circles(graph):
         yield f"a circle of {len(circle)} modules: {', '.join(circle)}"
+
+
+def _crossings(name: str, imports: list[str]) -> Iterator[str]:
+    """What `name` imports against the contracts between the packages and the gateway's layers."""
+    package = name.split(".")[0]
+    own = layer(name) if package == "gateway" else None
+    if package == "gateway" and own is None:
+        yield f"{name} is in no layer: add it to LAYERS in scripts/check_layers.py"
+    for other in imports:
+        theirs = other.split(".")[0]
+        if theirs == "testbed":
+            yield f"{name} imports {other}: what ships never imports the testbed"
+        elif theirs == "trainer_client" and package != "trainer_client":
+            yield f"{name} imports {other}: only trainer_client's own modules import it"
+        elif theirs == "training_data" and package == "gateway" and not _within(name, VIEWER):
+            yield f"{name} imports {other}: of the gateway, only the viewer reads what trains"
+        elif theirs == "gateway" and package != "gateway" and not _within(other, READ_CONTRACT):
+            yield f"{name} imports {other}: {package} reads only the store's read contract"
+        elif own is not None and (above := layer(other)) is not None and above < own:
+            yield f"{name} imports {other}, which is in a layer above it"
 
 
 def main() -> int:

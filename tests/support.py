@@ -235,7 +235,8 @@ def coalesced(chunks: list[dict[str, Any]], *, call_text: bool = True) -> list[d
     a finish chunk's text moved into the run before it, and a chunk of empty text left out. vLLM sends a chunk
     per engine step, and a step brings several tokens when the stream's reader lags, so where a run breaks
     depends on timing, and so does whether a parser writes an empty text for a step of markup alone (seen:
-    DeepSeek's, before a tool call). Without
+    DeepSeek's, before a tool call). A key without a value does not count: a tool call's chunk from vLLM's
+    Hermes parser (Qwen3) carries `content: null`, and its arguments break where the steps fell. Without
     `call_text`, tool calls' text is left out: vLLM's Mistral parser writes a call's arguments differently as
     a step brings one token or several (seen: a leading ': ')."""
     joined: list[dict[str, Any]] = []
@@ -275,7 +276,7 @@ def _text_kind(chunk: dict[str, Any]) -> tuple[Any, ...] | None:
     if len(chunk["choices"]) != 1:
         return None
     choice = chunk["choices"][0]
-    delta = choice["delta"]
+    delta = {key: value for key, value in choice["delta"].items() if value is not None}
     if choice["finish_reason"] or choice.get("logprobs") or len(delta) != 1:
         return None
     ((key, value),) = delta.items()
@@ -288,7 +289,7 @@ def _text_kind(chunk: dict[str, Any]) -> tuple[Any, ...] | None:
 
 def _join(into: dict[str, Any], delta: dict[str, Any]) -> None:
     if "tool_calls" not in into:
-        ((key, text),) = delta.items()
+        ((key, text),) = ((key, value) for key, value in delta.items() if value is not None)
         into[key] += text
         return
     (call,), (piece,) = into["tool_calls"], delta["tool_calls"]

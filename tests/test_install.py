@@ -40,6 +40,7 @@ OUTSIDE = {name: value for name, value in os.environ.items() if name != "PYTHONP
 PACKAGE_FOLDERS = {
     "gateway": "gateway",
     "trainer_client": "trainer_client",
+    "training_data": "training_data",
     "migrations": "gateway/migrations",
 }
 """The checkout's folders the wheel ships, by the path they take in it."""
@@ -164,18 +165,20 @@ def installs(
 ) -> Iterator[dict[str, Future[Environment]]]:
     """The installs at once, in the background: the trainer's (torch) goes on while vLLM starts.
 
-    The image's: its Dockerfile's extras and constraints. A trainer's: `trainer-client` needs the trainer
-    extra (the package loads torch). A plain one: the wheel alone, the embedded default on SQLite. All are
-    removed afterwards (torch takes 1.5 GB)."""
-    image, trainer, plain = (tmp_path_factory.mktemp(name) / "venv" for name in ("image", "trainer", "plain"))
+    The image's: its Dockerfile's extras and constraints. A trainer's: the trainer extra (torch) with the
+    postgres one, and no web server. A server's: the server extra alone, the embedded default on SQLite. All
+    are removed afterwards (torch takes 1.5 GB)."""
+    image, trainer, server = (
+        tmp_path_factory.mktemp(name) / "venv" for name in ("image", "trainer", "server")
+    )
     constraints = "requirements/constraints.txt"
     with ThreadPoolExecutor() as pool:
         yield {
             "image": pool.submit(install, image, built.wheel, *image_install()),
             "trainer": pool.submit(install, trainer, built.wheel, "postgres,trainer", constraints),
-            "plain": pool.submit(install, plain, built.wheel, "", constraints),
+            "server": pool.submit(install, server, built.wheel, "server", constraints),
         }
-    for root in (image, trainer, plain):
+    for root in (image, trainer, server):
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -189,13 +192,13 @@ def trainer_env(installs: dict[str, Future[Environment]]) -> Environment:
     return installs["trainer"].result()
 
 
-def test_the_plain_install_without_extras_records_an_agent_call_on_sqlite(installs, vllm, tmp_path):
-    plain = installs["plain"].result()
-    missing = plain.run("python", "-c", "import importlib.util as u; print(u.find_spec('psycopg'))").stdout
+def test_the_server_install_without_other_extras_records_an_agent_call_on_sqlite(installs, vllm, tmp_path):
+    server = installs["server"].result()
+    missing = server.run("python", "-c", "import importlib.util as u; print(u.find_spec('psycopg'))").stdout
     db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
 
     def make(port: int) -> ManagedProcess:
-        command = [str(plain.root / "bin" / "gateway"), "serve", "--db", db_url, "--port", str(port)]
+        command = [str(server.root / "bin" / "gateway"), "serve", "--db", db_url, "--port", str(port)]
         command += ["--backend", vllm.url, "--backend-api-key", VLLM_KEY]
         return ManagedProcess(command, log_path=tmp_path / "gateway.log", env=OUTSIDE, name="gateway")
 
@@ -380,6 +383,29 @@ def test_the_image_install_serves_the_api_docs_with_their_assets_from_itself(ser
             )
             assert served_asset.content == (assets_dir / name).read_bytes()
     assert httpx.get(f"{served.url}/openapi.json", timeout=TIMEOUT).json()["info"]["title"] == "rl-gateway"
+
+
+WEB_SERVER = ("fastapi", "starlette", "uvicorn", "aiohttp", "prometheus_client", "pydantic_settings")
+
+
+def test_a_trainer_install_has_no_web_server_and_its_gateway_command_names_the_extra_that_serves(trainer_env):
+    code = f"import importlib.util as u; print([n for n in {WEB_SERVER!r} if u.find_spec(n)])"
+    found = trainer_env.run("python", "-c", code).stdout
+    gateway = subprocess.run(
+        [str(trainer_env.root / "bin" / "gateway"), "serve"],
+        cwd=trainer_env.root,
+        env=OUTSIDE,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert found == "[]\n"
+    assert gateway.returncode == 1
+    assert gateway.stderr.splitlines()[-1] == (
+        "gateway: the server extra is not installed (pydantic_settings is missing): "
+        "pip install 'rl-gateway[server]'"
+    )
 
 
 def test_trainer_client_stats_of_a_trainer_install_reports_the_recorded_call(served, trainer_env):

@@ -178,8 +178,8 @@ def test_a_group_is_served_with_a_teacher_only_once_the_teacher_has_scored_it(st
 
 
 def test_a_trainers_scoring_takes_the_newest_finished_groups_and_leaves_the_rest(store, teacher_vllm):
-    from gateway.store.scores import ScoreFilter
     from trainer_client.scoring import Scorer, TeacherServer
+    from training_data.teacher_scores import ScoreFilter
 
     gateway, db_url = store
     for group in ("old", "middle", "new"):

@@ -19,9 +19,9 @@ import openai
 import pytest
 
 from gateway.store.database import make_engine
-from gateway.store.evaluation import evaluation_report
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig
 from trainer_client.reference.toy_task import TargetCharactersTask
+from training_data.evaluation import evaluation_report
 
 from support import TIMEOUT
 

@@ -29,7 +29,7 @@ import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 from trainer_client import TrainerClient
 from trainer_client.verl import agent_loop_output, data_proto
-from gateway.store.groups import SampleOptions
+from training_data.groups import SampleOptions
 
 with TrainerClient(sys.argv[1]) as client:
     batch = client.claim("verl", 0, SampleOptions(merged=True))

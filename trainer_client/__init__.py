@@ -27,23 +27,23 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.store.groups import SampleOptions
-    from gateway.store.samples import MergedSample, StepSample
     from trainer_client.batch import Batch
     from trainer_client.client import TrainerClient
     from trainer_client.distributed import DistributedClaims, Shard, StepFailed, shard_batch, sum_gradients
     from trainer_client.loss import distillation_advantages, grpo_loss, teacher_kl
     from trainer_client.sync import GatewayAdmin
+    from training_data.groups import SampleOptions
+    from training_data.samples import MergedSample, StepSample
 
 _HOMES = {
     "Batch": "trainer_client.batch",
     "DistributedClaims": "trainer_client.distributed",
     "GatewayAdmin": "trainer_client.sync",
-    "MergedSample": "gateway.store.samples",
-    "SampleOptions": "gateway.store.groups",
+    "MergedSample": "training_data.samples",
+    "SampleOptions": "training_data.groups",
     "Shard": "trainer_client.distributed",
     "StepFailed": "trainer_client.distributed",
-    "StepSample": "gateway.store.samples",
+    "StepSample": "training_data.samples",
     "TrainerClient": "trainer_client.client",
     "distillation_advantages": "trainer_client.loss",
     "grpo_loss": "trainer_client.loss",

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gateway.store.samples import MergedSample, StepSample
+from training_data.samples import MergedSample, StepSample
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: reading and exporting samples need none
     import torch

@@ -18,7 +18,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from gateway.store.groups import (
+from training_data.groups import (
     ROLLOUT_COLUMNS,
     SampleOptions,
     Selection,

@@ -193,8 +193,8 @@ def _cell(value: Any) -> str:
 def _export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from gateway.store.groups import SampleOptions, ready_groups
     from trainer_client.client import TrainerClient
+    from training_data.groups import SampleOptions, ready_groups
 
     options = SampleOptions(
         group_timeout=args.group_timeout,
@@ -311,8 +311,8 @@ class _ParquetSink:
 def _score(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from gateway.store.scores import ScoreFilter
     from trainer_client.scoring import Scorer, TeacherError, TeacherServer
+    from training_data.teacher_scores import ScoreFilter
 
     if args.batch_tokens < 1 or args.concurrency < 1:
         print("trainer-client: --batch-tokens and --concurrency must be at least 1", file=sys.stderr)
@@ -369,7 +369,7 @@ def _moment(value: str) -> float:
 
 def _eval(args: argparse.Namespace) -> int:
     from gateway.store.database import make_engine, require_current_schema
-    from gateway.store.evaluation import evaluation_report
+    from training_data.evaluation import evaluation_report
 
     engine = make_engine(args.db)
     require_current_schema(engine)

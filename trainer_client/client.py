@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from typing import cast
 
 from gateway.store.database import make_engine, require_current_schema
-from gateway.store.groups import SampleOptions, Selection, read_groups, ready_groups
-from gateway.store.sample_reads import load_samples
 from trainer_client.batch import Batch, Sample
 from trainer_client.claims import claim_groups, commit_claims, release_claims, renew_claims
+from training_data.groups import SampleOptions, Selection, read_groups, ready_groups
+from training_data.loading import load_samples
 
 
 class TrainerClient:

@@ -21,10 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.store.groups import SampleOptions
-from gateway.store.samples import StepSample
 from trainer_client.batch import Batch, Sample
 from trainer_client.client import TrainerClient
+from training_data.groups import SampleOptions
+from training_data.samples import StepSample
 
 if TYPE_CHECKING:
     import torch

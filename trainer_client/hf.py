@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gateway.store.groups import SampleOptions
-from gateway.store.samples import MergedSample, StepSample
+from training_data.groups import SampleOptions
+from training_data.samples import MergedSample, StepSample
 
 if TYPE_CHECKING:
     import datasets

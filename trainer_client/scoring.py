@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gateway.store import schema
 from gateway.store.database import make_engine, require_current_schema
-from gateway.store.scores import (
+from training_data.teacher_scores import (
     ScoreFilter,
     TurnToScore,
     rollouts_to_score,

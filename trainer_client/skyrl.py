@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.store.samples import MergedSample, StepSample, split
+from training_data.samples import MergedSample, StepSample, split
 
 Sample = StepSample | MergedSample
 

@@ -34,11 +34,11 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from gateway.store.groups import SampleOptions, numeric_version
-from gateway.store.samples import MergedSample, split
 from trainer_client.client import TrainerClient
 from trainer_client.sync import GatewayAdmin
 from trainer_client.weights import save_tensors, save_weights
+from training_data.groups import SampleOptions, numeric_version
+from training_data.samples import MergedSample, split
 
 if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments

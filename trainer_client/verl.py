@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from gateway.store.samples import MergedSample, StepSample, split
+from training_data.samples import MergedSample, StepSample, split
 
 if TYPE_CHECKING:
     from verl import DataProto

@@ -10,10 +10,10 @@ from sqlalchemy import String, case, cast, func, select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from gateway.store.evaluation import evaluation_report
-from gateway.store.groups import ROLLOUT_COLUMNS, RolloutInfo, SampleOptions, read_groups
-from gateway.store.sample_reads import load_samples
 from gateway.store.status import TurnStatus
+from training_data.evaluation import evaluation_report
+from training_data.groups import ROLLOUT_COLUMNS, RolloutInfo, SampleOptions, read_groups
+from training_data.loading import load_samples
 
 PAGE = 200
 """Rollouts per overview page."""

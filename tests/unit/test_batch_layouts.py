@@ -7,9 +7,9 @@ import math
 import numpy as np
 import torch
 
-from gateway.store.groups import RolloutInfo, Selection
-from gateway.store.samples import StepSample, merge_steps
 from trainer_client.batch import Batch
+from training_data.groups import RolloutInfo, Selection
+from training_data.samples import StepSample, merge_steps
 
 
 def step(

@@ -1,10 +1,10 @@
-"""Pure GRPO group logic of gateway.store.groups: skip reasons, masking, dropped groups and advantages."""
+"""Pure GRPO group logic of training_data.groups: skip reasons, masking, dropped groups and advantages."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.store.groups import (
+from training_data.groups import (
     RolloutInfo,
     SampleOptions,
     Selection,

@@ -1,7 +1,7 @@
 """The check that keeps the packages' imports pointing one way (`scripts/check_layers.py`, run by
 `scripts/dev check`): the project passes it, and it finds an import from a layer above, a circle of
-type-only imports, a trainer reading more of the gateway than the store, and shipped code needing the
-testbed."""
+type-only imports, reads past the store's read contract, the serving path reading what trains, and shipped
+code needing the testbed."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def tree(root: Path, files: dict[str, str]) -> Path:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    for package in ("gateway", "trainer_client", "testbed"):
+    for package in ("gateway", "training_data", "trainer_client", "testbed"):
         (root / package).mkdir(exist_ok=True)
         for folder in [root / package, *(p for p in (root / package).rglob("*") if p.is_dir())]:
             (folder / "__init__.py").touch()
@@ -66,20 +66,29 @@ def test_a_circle_of_type_only_imports_is_found(tmp_path):
     assert list(check.findings(root)) == ["a circle of 2 modules: gateway.fleet.health, gateway.fleet.pool"]
 
 
-def test_a_trainer_reading_past_the_store_and_a_gateway_needing_the_trainer_are_found(tmp_path):
+def test_reads_past_the_read_contract_and_the_serving_path_reading_what_trains_are_found(tmp_path):
     root = tree(
         tmp_path,
         {
-            "trainer_client/client.py": "import gateway.store.reads\nfrom gateway.fleet import pool\n",
-            "gateway/store/reads.py": "",
+            "trainer_client/client.py": "import gateway.store.schema\nfrom gateway.fleet import pool\n",
+            "training_data/groups.py": "from gateway.store.writer import W\nimport trainer_client.client\n",
+            "gateway/store/schema.py": "",
+            "gateway/store/writer.py": "",
             "gateway/fleet/pool.py": "",
-            "gateway/turns/forward.py": "import trainer_client.client\n",
+            "gateway/turns/forward.py": "import trainer_client.client\nfrom training_data import groups\n",
+            "gateway/ui/queries.py": "from training_data.groups import read_groups\n",
         },
     )
 
     assert list(check.findings(root)) == [
-        "gateway.turns.forward imports trainer_client.client: the gateway does not depend on trainer_client",
-        "trainer_client.client imports gateway.fleet.pool: trainer_client reads only gateway.store",
+        "gateway.turns.forward imports trainer_client.client: only trainer_client's own modules import it",
+        "gateway.turns.forward imports training_data.groups: of the gateway, only the viewer reads what "
+        "trains",
+        "trainer_client.client imports gateway.fleet.pool: trainer_client reads only the store's read "
+        "contract",
+        "training_data.groups imports gateway.store.writer: training_data reads only the store's read "
+        "contract",
+        "training_data.groups imports trainer_client.client: only trainer_client's own modules import it",
     ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.store.samples import MergedSample, StepSample, merge_steps
+from training_data.samples import MergedSample, StepSample, merge_steps
 
 
 def step(

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from gateway.store.samples import StepSample, merge_steps
 from trainer_client import Batch, grpo_loss, shard_batch
 from trainer_client.distributed import loss_tokens, sample_tokens, split_claim
+from training_data.samples import StepSample, merge_steps
 
 
 def sample(

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from test_samples import chain, step
 
-from gateway.store.samples import merge_steps
 from trainer_client.skyrl import generator_output
+from training_data.samples import merge_steps
 
 
 def test_a_merged_trajectory_is_one_row_with_the_environments_tokens_out_of_the_loss():

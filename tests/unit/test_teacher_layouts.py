@@ -8,11 +8,11 @@ import pytest
 import torch
 from test_batch_layouts import f32, step
 
-from gateway.store.samples import merge_steps
-from gateway.store.scores import TurnToScore
 from trainer_client.batch import Batch
 from trainer_client.loss import distillation_advantages, teacher_kl
 from trainer_client.scoring import ScoreReport, _requests, chains
+from training_data.samples import merge_steps
+from training_data.teacher_scores import TurnToScore
 
 
 def scored(sample, teacher: list[float]):

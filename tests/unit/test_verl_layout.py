@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from test_samples import chain, step
 
-from gateway.store.samples import merge_steps
 from trainer_client.verl import layout
+from training_data.samples import merge_steps
 
 
 def batch() -> tuple[dict[str, list[list[float]]], dict[str, list[object]]]:

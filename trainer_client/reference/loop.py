@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from gateway.store.database import make_engine
-from gateway.store.evaluation import evaluation_report
-from gateway.store.groups import numeric_version
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig, RunnerStats
 from trainer_client.reference.task import Task
 from trainer_client.reference.toy_task import TargetCharactersTask
 from trainer_client.reference.trainer import GRPOTrainer, StepReport, TrainerConfig
+from training_data.evaluation import evaluation_report
+from training_data.groups import numeric_version
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,6 @@ from typing import Literal
 import torch
 from transformers import AutoModelForCausalLM
 
-from gateway.store.groups import SampleOptions
-from gateway.store.scores import ScoreFilter
 from trainer_client.batch import Batch
 from trainer_client.client import TrainerClient
 from trainer_client.distributed import DistributedClaims, Shard, sum_gradients
@@ -33,6 +31,8 @@ from trainer_client.loss import distillation_advantages, grpo_loss
 from trainer_client.scoring import Scorer, TeacherServer
 from trainer_client.sync import GatewayAdmin
 from trainer_client.weights import save_weights
+from training_data.groups import SampleOptions
+from training_data.teacher_scores import ScoreFilter
 
 log = logging.getLogger(__name__)
 

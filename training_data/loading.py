@@ -12,11 +12,11 @@ from sqlalchemy.engine import Connection
 
 from gateway.store import schema
 from gateway.store.delta import rebuild
-from gateway.store.groups import RolloutInfo
-from gateway.store.samples import MergedSample, StepSample, merge_steps
-from gateway.store.scores import load_scores
 from gateway.store.status import TurnStatus
 from gateway.store.tokens import unpack_ids, unpack_logprobs
+from training_data.groups import RolloutInfo
+from training_data.samples import MergedSample, StepSample, merge_steps
+from training_data.teacher_scores import load_scores
 
 _CHUNK = 500  # rollouts per query: keeps IN lists and memory bounded
 

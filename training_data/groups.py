@@ -29,8 +29,8 @@ from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from gateway.store.scores import unscored
 from gateway.store.status import TRAINABLE, RolloutStatus, TurnStatus
+from training_data.teacher_scores import unscored
 
 
 @dataclass(frozen=True)

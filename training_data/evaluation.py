@@ -15,8 +15,8 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from gateway.store.groups import numeric_version
 from gateway.store.status import TRAINABLE, RolloutStatus
+from training_data.groups import numeric_version
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

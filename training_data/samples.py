@@ -2,7 +2,7 @@
 merged (one per chain of calls that extend each other exactly).
 
 A sample's reward and advantage are its rollout's, except for a choice of an n > 1 call whose choices were
-rewarded one by one (`gateway.store.groups`): it has its own. Such a choice is a merged sample of its own:
+rewarded one by one (`training_data.groups`): it has its own. Such a choice is a merged sample of its own:
 it joins neither the chain it extends nor a later turn that extends it (that turn starts a chain, the
 choice's ids part of its prompt, without loss), so that each token trains with the advantage of its turn,
 merged or not.
