@@ -224,6 +224,39 @@ def test_an_agent_that_makes_no_model_call_stops_the_generation_with_a_clear_err
     )
 
 
+def test_a_rollout_with_a_sub_agents_conversation_stops_the_step_rather_than_train_part_of_it(
+    start_gateway, databases
+):
+    from trainer_client.trl import GatewayRollouts, Rollout
+
+    db_url = databases.new("sqlite")
+    gateway = start_gateway(db_url, "--mode", "exact", process=True)
+    played: list[str] = []
+
+    async def agent(prompt: str, rollout: Rollout) -> float:
+        played.append(rollout.rollout_id)
+        async with openai.AsyncOpenAI(
+            base_url=rollout.base_url, api_key=rollout.api_key, timeout=TIMEOUT
+        ) as client:
+            for conversation in (prompt, "You are a sub-agent. Find the file."):  # a fresh conversation
+                await client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": conversation}], max_tokens=2
+                )
+        return 1.0
+
+    rollouts = GatewayRollouts(gateway.url, db_url, agent)
+    with pytest.raises(RuntimeError) as failed:
+        rollouts(["Fix the bug."], TrainerOf(num_generations=1))
+    rollouts.close()
+
+    assert str(failed.value) == (
+        "1 of 1 rollouts are trees of chains that GRPOTrainer cannot take whole (one sequence per prompt "
+        f"copy); the first, {played[0]}, has 2 chains of turns [[0], [1]]. Play them in exact mode if their "
+        'turns should chain (POST /rollouts with "mode": "exact"), or train with GatewayRolloutWorker '
+        "(AsyncGRPOTrainer) or trainer_client, which take every chain as a sample of its group"
+    )
+
+
 class TrainerOf:
     """What `GatewayRollouts` reads of TRL's trainer: the group size, and whether it is training."""
 

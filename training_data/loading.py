@@ -98,6 +98,7 @@ def _steps(info: RolloutInfo, rows: list[Any], scores: dict[int, np.ndarray]) ->
                 parent_turn=row["parent_turn"],
                 drift_tokens=row["drift_tokens"],
                 choice_reward=own is not None,
+                retried=turn in retried,
                 teacher_logprobs=scores.get(row["turn_id"]),
             )
         )

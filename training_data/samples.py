@@ -1,6 +1,13 @@
 """Training samples with the engine's exact ids and sampling logprobs: step-wise (one per model call) or
 merged (one per chain of calls that extend each other exactly).
 
+A rollout is a tree, not a line: a harness's sub-agents hold conversations of their own, interleaved in time
+with the main one, and a compaction restarts the conversation from a summary. Merging follows the lineage
+(`parent_turn`): each chain is a path of that tree, so every sampled token is trained exactly once, and the
+main conversation stays one sample however many sub-agent calls came between its turns. Every chain of a
+rollout carries the rollout's reward and advantage: the advantage is the rollout's, shared by all of its
+chains alike (each of their sampled tokens weighs as in a step-wise sample).
+
 A sample's reward and advantage are its rollout's, except for a choice of an n > 1 call whose choices were
 rewarded one by one (`training_data.groups`): it has its own. Such a choice is a merged sample of its own:
 it joins neither the chain it extends nor a later turn that extends it (that turn starts a chain, the
@@ -44,8 +51,16 @@ class StepSample:
     choice_reward: bool = False
     """`reward` and `advantage` are this turn's own: a choice of a call whose choices were rewarded one by
     one."""
+    retried: bool = False
+    """A client's retry repeated this call and the agent went on with the retry's reply: this one carries no
+    loss (`masked`), so that nothing is trained twice."""
     teacher_logprobs: np.ndarray | None = None
     """A teacher's logprob of each of `completion_ids` (`trainer-client score`, `SampleOptions(teacher=)`)."""
+
+    @property
+    def alone(self) -> bool:
+        """Merged, this step is a sample of its own: its reward is its own, or a retry replaced it."""
+        return self.choice_reward or self.retried
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -164,15 +179,23 @@ def _teacher(logprobs: np.ndarray | None) -> dict[str, Any]:
 
 
 def merge_steps(steps: list[StepSample]) -> list[MergedSample]:
-    """One rollout's steps (in order) merged wherever each extends the one before exactly, but for choices
-    rewarded on their own: each is a sample alone."""
+    """One rollout's steps (in turn order) merged by lineage: a step joins the chain of the turn it extends
+    exactly, whatever other chains' turns came between them in time (a sub-agent's calls, a compaction's).
+    A turn that a second later turn extends (a fork) is not extended again: the second starts a chain of
+    its own, the shared tokens in its prompt without loss. A choice rewarded on its own, and an attempt a
+    client retried, stand alone: neither joins a chain nor is joined."""
     chains: list[list[StepSample]] = []
+    open_ends: dict[int, int] = {}  # the last turn of a chain that no turn has extended yet -> its chain
     for step in steps:
-        previous = chains[-1][-1] if chains else None
-        if previous and not (step.choice_reward or previous.choice_reward) and step.extends(previous):
-            chains[-1].append(step)
+        at = open_ends.get(step.parent_turn) if step.parent_turn is not None and not step.alone else None
+        if at is not None and step.extends(chains[at][-1]):
+            del open_ends[chains[at][-1].turn_index]
+            chains[at].append(step)
         else:
+            at = len(chains)
             chains.append([step])
+        if not step.alone:
+            open_ends[step.turn_index] = at
     return [_merge(chain) for chain in chains]
 
 

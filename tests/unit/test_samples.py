@@ -293,3 +293,87 @@ def test_merged_to_json_has_whole_sequence_logprobs_and_turn_indices() -> None:
         "finish_reason": "tool_calls",
         "masked": False,
     }
+
+
+# --- merge_steps on a rollout's tree ------------------------------------------------------------------------
+
+
+def sub_agents_and_compaction() -> list[StepSample]:
+    """What a harness with sub-agents and compaction sends, in time order: the main call (0), a sub-agent's
+    two calls (1, 2), the main conversation resumed with its answer (3, parent 0), a summary call that
+    extends it (4), the conversation restarted from the summary (5) and continued (6)."""
+    return [
+        step(0, [1, 2], [10], [-0.5]),
+        step(1, [7, 8], [40], [-0.1]),
+        step(2, [7, 8, 40, 41], [42], [-0.2], parent_turn=1),
+        step(3, [1, 2, 10, 42], [11], [-0.25], parent_turn=0),
+        step(4, [1, 2, 10, 42, 11, 50], [12], [-1.0], parent_turn=3),
+        step(5, [9, 12], [13], [-2.0], parent_turn=None),
+        step(6, [9, 12, 13, 60], [14], [-3.0], parent_turn=5, is_last_step=True),
+    ]
+
+
+def test_a_chain_keeps_its_turns_whatever_other_chains_turns_came_between_them() -> None:
+    merged = merge_steps(sub_agents_and_compaction())
+    assert [m.turn_indices for m in merged] == [[0, 3, 4], [1, 2], [5, 6]]
+    main = merged[0]
+    assert main.input_ids.tolist() == [1, 2, 10, 42, 11, 50, 12]
+    assert main.loss_mask.tolist() == [0, 0, 1, 0, 1, 0, 1]
+    assert main.token_logprobs.tolist() == [0.0, 0.0, -0.5, 0.0, -0.25, 0.0, -1.0]
+    assert merged[1].loss_mask.tolist() == [0, 0, 1, 0, 1]
+    assert [m.is_last_step for m in merged] == [False, False, True]
+
+
+def test_merging_by_lineage_trains_every_sampled_token_exactly_once() -> None:
+    steps = sub_agents_and_compaction()
+    merged = merge_steps(steps)
+    assert sum(int(m.loss_mask.sum()) for m in merged) == sum(s.completion_ids.shape[0] for s in steps)
+    trained = sorted(
+        float(lp) for m in merged for lp, on in zip(m.token_logprobs, m.loss_mask, strict=True) if on
+    )
+    assert trained == sorted(float(lp) for s in steps for lp in s.logprobs)
+
+
+def test_every_chain_of_a_rollout_carries_the_rollouts_reward_and_advantage() -> None:
+    merged = merge_steps(sub_agents_and_compaction())
+    assert {(m.reward, m.advantage) for m in merged} == {(1.0, 0.5)}
+
+
+def test_two_sub_agents_running_at_once_are_two_chains_and_the_main_one_is_one() -> None:
+    steps = [
+        step(0, [1], [10], [-0.5]),
+        step(1, [7], [40], [-0.1]),  # sub-agent A
+        step(2, [8], [50], [-0.2]),  # sub-agent B
+        step(3, [8, 50, 51], [52], [-0.3], parent_turn=2),
+        step(4, [7, 40, 41], [42], [-0.4], parent_turn=1),
+        step(5, [1, 10, 42, 52], [11], [-0.6], parent_turn=0, is_last_step=True),
+    ]
+    assert [m.turn_indices for m in merge_steps(steps)] == [[0, 5], [1, 4], [2, 3]]
+
+
+def test_the_second_turn_to_extend_a_turn_that_was_already_extended_starts_a_chain_of_its_own() -> None:
+    steps = [
+        step(0, [1, 2], [10], [-0.5]),
+        step(1, [1, 2, 10, 20], [11], [-0.25], parent_turn=0),
+        step(2, [1, 2, 10, 30], [12], [-1.0], parent_turn=0),
+        step(3, [1, 2, 10, 30, 12, 31], [13], [-2.0], parent_turn=2),
+        step(4, [1, 2, 10, 20, 11, 21], [14], [-3.0], parent_turn=1),
+    ]
+    merged = merge_steps(steps)
+    assert [m.turn_indices for m in merged] == [[0, 1, 4], [2, 3]]
+    assert merged[1].loss_mask.tolist() == [0, 0, 0, 0, 1, 0, 1]
+
+
+def test_an_attempt_a_client_retried_stands_alone_and_the_retry_continues_the_chain() -> None:
+    steps = [
+        step(0, [1, 2], [10], [-0.5]),
+        step(1, [1, 2, 10, 20], [11], [-0.25], parent_turn=0, masked=True),
+        step(2, [1, 2, 10, 20], [12], [-1.0], parent_turn=0),
+        step(3, [1, 2, 10, 20, 12, 30], [13], [-2.0], parent_turn=2, is_last_step=True),
+    ]
+    steps[1].retried = True
+    merged = merge_steps(steps)
+    assert [m.turn_indices for m in merged] == [[0, 2, 3], [1]]
+    assert merged[0].input_ids.tolist() == [1, 2, 10, 20, 12, 30, 13]
+    assert merged[0].loss_mask.tolist() == [0, 0, 1, 0, 1, 0, 1]
+    assert (merged[1].masked, merged[1].loss_mask.tolist()) == (True, [0, 0, 0, 0, 0])

@@ -4,7 +4,7 @@ turn ends the trajectory."""
 
 from __future__ import annotations
 
-from test_samples import chain, step
+from test_samples import chain, step, sub_agents_and_compaction
 
 from trainer_client.skyrl import generator_output
 from training_data.samples import merge_steps
@@ -34,3 +34,16 @@ def test_step_wise_rows_mark_the_last_step_of_each_trajectory():
     assert output["prompt_token_ids"][1] == [1, 2, 3, 10, 11, 20, 21]
     assert output["response_ids"][1] == [12]
     assert output["loss_masks"] == [[1, 1], [1], [1, 1]]
+
+
+def test_a_tree_shaped_rollouts_chains_are_step_wise_rows_the_last_of_which_ends_the_trajectory():
+    """SkyRL's step-wise training computes a trajectory's advantage at its last step and gives it to each of
+    its rows: every chain of the rollout trains with the rollout's advantage."""
+    chains = merge_steps(sub_agents_and_compaction())
+
+    output = generator_output(chains, step_wise=True)
+
+    assert output["is_last_step"] == [False, False, True]
+    assert output["prompt_token_ids"] == [[1, 2], [7, 8], [9, 12]]
+    assert output["loss_masks"] == [[1, 0, 1, 0, 1], [1, 0, 1], [1, 0, 1]]
+    assert output["rewards"] == [1.0, 1.0, 1.0]

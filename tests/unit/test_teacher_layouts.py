@@ -110,6 +110,17 @@ def test_turns_that_extend_one_another_ride_on_the_last_ones_sequence():
     assert [[t.turn_index for t in chain] for chain in chains(turns)] == [[0, 1], [2, 3]]
 
 
+def test_a_sub_agents_turns_between_a_chains_turns_do_not_cut_the_chain():
+    turns = [
+        turn(0, [1, 2], [3]),
+        turn(1, [7], [8]),  # a sub-agent's conversation
+        turn(2, [7, 8, 5], [6]),
+        turn(3, [1, 2, 3, 8], [4]),  # the main conversation resumed with the sub-agent's answer
+    ]
+
+    assert [[t.turn_index for t in chain] for chain in chains(turns)] == [[0, 3], [1, 2]]
+
+
 def test_requests_hold_whole_chains_up_to_the_token_budget_and_skip_what_the_teacher_cannot_read():
     turns = [
         turn(0, [1, 2], [3], "a"),

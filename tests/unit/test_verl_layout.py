@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_samples import chain, step
+from test_samples import chain, step, sub_agents_and_compaction
 
 from trainer_client.verl import layout
 from training_data.samples import merge_steps
@@ -64,3 +64,15 @@ def test_widths_given_pad_further_and_a_sample_longer_than_them_is_refused():
     assert (tensors["prompts"].tolist(), tensors["responses"].shape) == ([[0, 1, 2, 3]], (1, 10))
     assert np.array_equal(tensors["position_ids"][0, :4], [0, 0, 1, 2])
     assert str(refused.value) == "a sample's response has 8 ids, more than response_length=6"
+
+
+def test_each_chain_of_a_tree_shaped_rollout_is_a_row_of_its_group_with_the_rollouts_reward():
+    chains = merge_steps(sub_agents_and_compaction())
+
+    tensors, rows = layout(chains, pad_id=-1)
+
+    assert rows["uid"].tolist() == ["g", "g", "g"]
+    assert rows["rollout_id"].tolist() == ["r", "r", "r"]
+    assert tensors["prompts"].tolist() == [[1, 2], [7, 8], [9, 12]]
+    assert tensors["response_mask"].tolist() == [[1, 0, 1, 0, 1], [1, 0, 1, 0, 0], [1, 0, 1, 0, 0]]
+    assert tensors["rm_scores"].tolist() == [[0, 0, 0, 0, 1.0], [0, 0, 1.0, 0, 0], [0, 0, 1.0, 0, 0]]

@@ -16,19 +16,26 @@ function token(id, text, sampled, logprob) {
   return span;
 }
 
-function lineage(turns) {
-  const box = document.getElementById("lineage");
-  const lane = new Map(), continued = new Set();
-  let lanes = 0;
-  for (const turn of turns) {  // a turn continues its parent's line, unless another turn already does
-    const parent = turn.parent_turn;
-    if (parent !== null && lane.has(parent) && !continued.has(parent)) {
-      lane.set(turn.index, lane.get(parent));
-      continued.add(parent);
-    } else {
-      lane.set(turn.index, lanes++);
-    }
+// Why a chain starts where it does, from its first turn's lineage.
+function chainStart(turn, turns) {
+  if (turns.some((other) => other.retry_of === turn.index)) return "an attempt the client retried";
+  if (turn.parent_turn === null) {
+    return turn.forked_from !== null ? `a restart from turn ${turn.forked_from}'s history (a compaction or an edit)`
+      : turn.index === 0 ? "the conversation" : "a new conversation (a sub-agent's, or a new task)";
   }
+  if (turn.drift_tokens > 0) return `turn ${turn.parent_turn}'s tokens, re-rendered (${turn.drift_tokens} differ)`;
+  return `a branch of turn ${turn.parent_turn} (an earlier turn went on from it)`;
+}
+
+// The lineage tree as the trainer sees it: one lane per chain of turns that trains as one merged sample
+// (`samples`), each turn on its chain's lane, edges to the turn it extends (dashed: to the turn whose history
+// it rewrote); turns that sampled nothing sit on lanes of their own below.
+function lineage(turns, samples) {
+  const box = document.getElementById("lineage");
+  const lane = new Map(), byIndex = new Map(turns.map((turn) => [turn.index, turn]));
+  samples.forEach((sample, chain) => sample.turn_indices.forEach((index) => lane.set(index, chain)));
+  let lanes = samples.length;
+  for (const turn of turns) if (!lane.has(turn.index)) lane.set(turn.index, lanes++);
   const step = 34, x = (index) => 20 + index * step, y = (index) => 18 + lane.get(index) * 26;
   const nodes = [];
   for (const turn of turns) {
@@ -41,6 +48,7 @@ function lineage(turns) {
   for (const turn of turns) {
     const kind = turn.status !== "ok" ? "error" : turn.forked_from !== null ? "fork" : "ok";
     const node = svg("circle", { cx: x(turn.index), cy: y(turn.index), r: 7, class: `node ${kind}`, "data-turn": turn.index,
+      "data-chain": lane.get(turn.index) < samples.length ? lane.get(turn.index) : "",
       fill: { ok: "#2364d2", fork: "#d2691e", error: "#c0392b" }[kind],
       stroke: turn.drift_tokens > 0 ? "#c0392b" : "#fff", "stroke-width": turn.drift_tokens > 0 ? 3 : 1 });
     node.append(svg("title", {}, `turn ${turn.index}` + (turn.parent_turn !== null ? ` · extends turn ${turn.parent_turn}` : "") +
@@ -48,7 +56,14 @@ function lineage(turns) {
     node.addEventListener("click", () => { location.hash = `turn-${turn.index}`; });
     nodes.push(node, svg("text", { x: x(turn.index) - 4, y: y(turn.index) + 20 }, turn.index));
   }
-  box.setAttribute("width", 40 + Math.max(turns.length - 1, 0) * step);
+  const right = 40 + Math.max(turns.length - 1, 0) * step;
+  samples.forEach((sample, chain) => {
+    const trained = sample.loss_mask.filter((m) => m === 1).length;
+    const start = chainStart(byIndex.get(sample.turn_indices[0]), turns);
+    nodes.push(svg("text", { x: right, y: 22 + chain * 26, class: "lane", "data-chain": chain },
+      `chain ${chain + 1}: turns ${sample.turn_indices.join(", ")} · ${trained} tokens trained · starts: ${start}`));
+  });
+  box.setAttribute("width", right + 640);
   box.setAttribute("height", 30 + lanes * 26);
   box.replaceChildren(...nodes);
 }
@@ -64,20 +79,13 @@ function sampleView(sample, texts) {
     view);
 }
 
-async function showSamples(rollout, texts) {
+function showSamples(rollout, texts, data) {
   const box = document.getElementById("samples");
-  let data;
-  try {
-    data = await readJson(`/ui/api/rollouts/${encodeURIComponent(rolloutId)}/samples`);
-  } catch (error) {
-    box.replaceChildren(el("p", { class: "error" }, String(error)));
-    return;
-  }
   const models = new Map(rollout.turns.map((turn) => [turn.index, String(turn.model)]));
   const verdict = data.skip_reason ? `not trained now: ${data.skip_reason}`
     : data.advantage === null ? "each choice rewarded on its own trains with its own advantage"
-    : `trained with advantage ${fixed(data.advantage)}`;
-  box.replaceChildren(el("p", { class: data.skip_reason ? "bad" : "" }, `${data.samples.length} merged samples; ${verdict}`),
+    : `trained with advantage ${fixed(data.advantage)}, shared by every chain`;
+  box.replaceChildren(el("p", { class: data.skip_reason ? "bad" : "" }, `${data.samples.length} merged samples (one per chain); ${verdict}`),
     ...data.samples.map((sample) => sampleView(sample, texts[models.get(sample.turn_indices[0])] || {})));
 }
 
@@ -146,9 +154,17 @@ async function show() {
   document.getElementById("summary").append(el("div", { class: "facts" },
     ...[fact("status", r.status), fact("reward", fixed(r.reward)), group, fact("task", r.task_id),
       fact("mode", r.mode), fact("turns", r.turns.length), fact("end", r.end_reason)].filter(Boolean)));
-  lineage(r.turns);
   document.getElementById("turns").replaceChildren(...r.turns.map((turn) => turnView(turn, data.texts[String(turn.model)] || {})));
-  document.getElementById("training").addEventListener("toggle", () => showSamples(r, data.texts), { once: true });
+  let samples;
+  try {
+    samples = await readJson(`/ui/api/rollouts/${encodeURIComponent(rolloutId)}/samples`);
+  } catch (error) {
+    lineage(r.turns, []);
+    document.getElementById("samples").replaceChildren(el("p", { class: "error" }, String(error)));
+    return;
+  }
+  lineage(r.turns, samples.samples);
+  document.getElementById("training").addEventListener("toggle", () => showSamples(r, data.texts, samples), { once: true });
 }
 
 show();
