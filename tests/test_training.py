@@ -360,6 +360,11 @@ def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gate
         await until(lambda: in_flight(calls), "every call in flight")
         httpx.post(f"{policy_vllm.url}/resume", timeout=TIMEOUT).raise_for_status()
         await until(lambda: len(generating) >= calls // 2, "vLLM generating for the calls together")
+        # Then vLLM freezes them mid-generation, so that the gateway's keep or abort pause finds them there
+        # however slow the machine (the gateway's resume resumes vLLM).
+        if mode != "wait":
+            freeze = {"mode": "keep"}
+            httpx.post(f"{policy_vllm.url}/pause", params=freeze, timeout=TIMEOUT).raise_for_status()
         paused = await asyncio.to_thread(admin, gateway, "/pause", json={"mode": mode})
         assert paused.status_code == 200, paused.text
         await asyncio.to_thread(admin, gateway, "/policy_version", json={"version": "1"})
