@@ -190,7 +190,11 @@ def chat(gateway: Any, rollout_id: str, messages: list[dict[str, Any]], **extra:
         extra_body=extra or None,
         tools=TOOLS if extra else openai.NOT_GIVEN,
     )
-    message = reply.choices[0].message
+    return sent_back(reply.choices[0].message)
+
+
+def sent_back(message: Any) -> dict[str, Any]:
+    """An SDK reply's message as a harness sends it back in the next request's history."""
     if message.tool_calls:
         return {
             "role": "assistant",

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from gateway.store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
 
-from support import LS_TMP_REGEX, TIMEOUT, TOOLS, stored_rollout
+from support import LS_TMP_REGEX, TIMEOUT, TOOLS, sent_back, stored_rollout
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 SUB_SYSTEM = {"role": "system", "content": "You are a sub-agent: answer in two words."}
@@ -32,14 +32,7 @@ async def ask(
     reply = await client.chat.completions.create(
         model="tiny", messages=messages, tools=TOOLS, max_tokens=200, temperature=0.0, extra_body=shape, **kw
     )
-    message = reply.choices[0].message
-    if message.tool_calls:
-        return {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [c.model_dump() for c in message.tool_calls],
-        }
-    return {"role": "assistant", "content": message.content}
+    return sent_back(reply.choices[0].message)
 
 
 async def sub_agent(client: openai.AsyncOpenAI, task: str) -> str:
