@@ -83,10 +83,20 @@ def stored_rollout(gateway: Any, rollout_id: str, token: str | None = None) -> d
 
 
 def tokenize_chat(
-    vllm: VLLMServer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    vllm: VLLMServer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    open_reply: bool = False,
 ) -> list[int]:
-    """vLLM's own rendering of a chat prompt, as `/tokenize` gives it."""
-    body: dict[str, Any] = {"model": "tiny", "messages": messages, "add_generation_prompt": True}
+    """vLLM's own rendering of a chat prompt, as `/tokenize` gives it; `open_reply`: the last message is the
+    model's reply, left open (no generation prompt, no closing)."""
+    body: dict[str, Any] = {
+        "model": "tiny",
+        "messages": messages,
+        "add_generation_prompt": not open_reply,
+        "continue_final_message": open_reply,
+    }
     if tools:
         body["tools"] = tools
     response = httpx.post(vllm.url + "/tokenize", json=body, headers=VLLM_HEADERS, timeout=TIMEOUT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import uuid
 
 import httpx
 import pytest
@@ -131,8 +132,11 @@ def test_pass_through_on_a_think_stripping_template_drifts_and_does_not_merge(
         assert len(client.read(SampleOptions(merged=True)).samples) == TURNS
 
 
-def test_rollout_can_choose_exact_mode_and_a_cut_reply_falls_back_to_the_plain_render(gateway, vllm, db_url):
-    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
+def test_rollout_can_choose_exact_mode_and_a_cut_reply_is_spliced_closed_by_the_template(
+    gateway, vllm, db_url
+):
+    group = {"mode": "exact", "group_id": f"cut-{uuid.uuid4().hex[:8]}"}
+    rollout = httpx.post(gateway.url + "/rollouts", json=group, timeout=TIMEOUT).json()
     agent = sync_agent(rollout["base_url"])
     messages = [{"role": "user", "content": "Hi"}]
     first = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
@@ -141,19 +145,31 @@ def test_rollout_can_choose_exact_mode_and_a_cut_reply_falls_back_to_the_plain_r
         {"role": "user", "content": "More"},
     ]
     second = agent.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
+    httpx.post(
+        f"{gateway.url}/rollouts/{rollout['rollout_id']}/finish", json={"reward": 1.0}, timeout=TIMEOUT
+    )
 
     turns = stored_rollout(gateway, rollout["rollout_id"])["turns"]
     assert rollout["mode"] == "exact"
     assert first.choices[0].finish_reason == second.choices[0].finish_reason == "length"
-    assert [t["splice"] for t in turns] == [
-        "render",
-        "fallback: parent reply ended with finish_reason=length",
-    ]
-    assert [t["prompt_token_ids"] for t in turns] == [
-        tokenize_chat(vllm, messages[:1]),
-        tokenize_chat(vllm, messages),
+    assert [t["splice"] for t in turns] == ["render", "exact"]
+    # The cut reply as sampled, then what the template renders after the reply (its closing first).
+    after_reply = tokenize_chat(vllm, messages)[len(tokenize_chat(vllm, messages[:2], open_reply=True)) :]
+    assert turns[1]["prompt_token_ids"] == [
+        *turns[0]["prompt_token_ids"],
+        *turns[0]["completion_token_ids"],
+        *after_reply,
     ]
     assert turns[1]["parent_turn"] == 0
+    with TrainerClient(db_url) as client:
+        (sample,) = client.read_groups([group["group_id"]], SampleOptions(merged=True)).samples
+    assert sample.turn_indices == [0, 1]
+    assert sample.loss_mask.tolist() == [
+        *[0] * len(turns[0]["prompt_token_ids"]),
+        *[1] * 5,
+        *[0] * len(after_reply),
+        *[1] * 5,
+    ]
 
 
 def test_edited_history_in_exact_mode_forks_and_splices_nothing(start_gateway, databases, db_kind, vllm):
@@ -218,7 +234,8 @@ def test_backend_without_token_endpoints_is_reported_and_served_in_pass_through(
 def exact_turns_then_several_choices(gateway, stream: bool) -> tuple[list[dict], list[list[int]]]:
     """A first turn that ends its reply, then a call with 3 choices extending it (streamed or whole): the
     stored turns, and each choice's ids as the agent received them."""
-    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
+    group = {"mode": "exact", "group_id": f"cut-{uuid.uuid4().hex[:8]}"}
+    rollout = httpx.post(gateway.url + "/rollouts", json=group, timeout=TIMEOUT).json()
     agent = sync_agent(rollout["base_url"])
     messages = [{"role": "user", "content": "Hi"}]
     answer = {"regex": "[a-z]{3,8}"}
@@ -262,7 +279,8 @@ def test_several_choices_in_exact_mode_each_extend_the_parent_exactly(
 
 
 def test_an_exact_reply_is_what_vllms_chat_endpoint_answers_for_the_same_prompt_ids(gateway, vllm):
-    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
+    group = {"mode": "exact", "group_id": f"cut-{uuid.uuid4().hex[:8]}"}
+    rollout = httpx.post(gateway.url + "/rollouts", json=group, timeout=TIMEOUT).json()
     agent = sync_agent(rollout["base_url"])
     messages = [{"role": "user", "content": "Hi"}]
     request = {"model": "tiny", "max_tokens": 12, "temperature": 1.0, "seed": 5, "logprobs": True}

@@ -65,14 +65,32 @@ def test_local_render_stores_the_turns_the_backends_render_does_and_takes_over_a
     assert "the gateway's render of tiny matches its backend's" in here.log_path.read_text()
 
 
-def chat_turns(gateway) -> list[dict]:
-    """Three turns of short answers on the model's own template; the turns stored."""
+def chat_turns(gateway, reply: str = "[a-z]{3,8}") -> list[dict]:
+    """Three turns of answers matching `reply` (short ones by default) on the model's own template; the
+    turns stored."""
     rollout_id = httpx.post(gateway.url + "/rollouts", json={}, timeout=TIMEOUT).json()["rollout_id"]
     messages: list[dict] = [{"role": "user", "content": "Hi"}]
     for _ in range(3):
-        messages += [chat(gateway, rollout_id, messages, structured_outputs={"regex": "[a-z]{3,8}"})]
+        messages += [chat(gateway, rollout_id, messages, structured_outputs={"regex": reply})]
         messages += [{"role": "user", "content": "More."}]
     return stored_rollout(gateway, rollout_id)["turns"]
+
+
+def test_local_render_closes_replies_cut_by_max_tokens_as_the_backends_render_does(
+    start_gateway, databases, db_kind, vllm
+):
+    by_backend = start_gateway(databases.new(db_kind), "--mode", "exact")
+    here = start_gateway(databases.new(db_kind), "--mode", "exact", *local_render(vllm), process=True)
+    endless = "[a-z]{500}"  # longer than the calls' max_tokens: every reply is cut
+
+    turns = chat_turns(by_backend, endless)
+    before = renders_served(vllm)
+    local_turns = chat_turns(here, endless)
+
+    assert [kept(t) for t in local_turns] == [kept(t) for t in turns]
+    assert [t["finish_reason"] for t in local_turns] == ["length"] * 3
+    assert [t["splice"] for t in local_turns] == ["render", "exact", "exact"]
+    assert renders_served(vllm) - before == 1
 
 
 def test_local_render_unlike_the_backends_leaves_rendering_to_the_backend(

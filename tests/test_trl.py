@@ -28,8 +28,6 @@ from support import TIMEOUT
 STEPS = 10
 GROUPS, GROUP_SIZE = 4, 8
 TASK = TargetCharactersTask()
-WORDS = {"structured_outputs": {"regex": "[a-z]{3} [a-z]{3}"}}
-"""Replies of two short words, ended by the model (a reply cut at `max_tokens` would not be spliced)."""
 
 
 @pytest.fixture
@@ -119,15 +117,13 @@ def test_trl_grpo_trainer_trains_on_the_ids_vllm_sampled_and_its_reward_rises(po
     assert trained == {(prompt, completion) for turns in stored.values() for prompt, completion, _ in turns}
 
 
-def test_a_two_turn_rollout_reaches_trl_as_one_sequence_with_the_environments_tokens_masked(
+def test_a_two_turn_rollout_of_cut_replies_reaches_trl_as_one_sequence_with_the_environments_tokens_masked(
     start_gateway, databases
 ):
     from trainer_client.trl import GatewayRollouts, Rollout
 
     db_url = databases.new("sqlite")
-    gateway = start_gateway(
-        db_url, "--mode", "exact", process=True
-    )  # exact: the second turn extends the first
+    gateway = start_gateway(db_url, process=True)  # pass-through by default: the seam asks for exact mode
 
     async def agent(prompt: str, rollout: Rollout) -> float:
         messages: list[Any] = [{"role": "user", "content": prompt}]
@@ -135,9 +131,7 @@ def test_a_two_turn_rollout_reaches_trl_as_one_sequence_with_the_environments_to
             base_url=rollout.base_url, api_key=rollout.api_key, timeout=TIMEOUT
         ) as client:
             for follow_up in ("More.", None):
-                reply = await client.chat.completions.create(  # ended by the model: spliced, not cut
-                    model="tiny", messages=messages, max_tokens=16, extra_body=WORDS
-                )
+                reply = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
                 messages.append({"role": "assistant", "content": reply.choices[0].message.content})
                 if follow_up:
                     messages.append({"role": "user", "content": follow_up})
@@ -155,7 +149,7 @@ def test_a_two_turn_rollout_reaches_trl_as_one_sequence_with_the_environments_to
     assert out["completion_ids"] == [
         first["completion_token_ids"] + environment + second["completion_token_ids"]
     ]
-    assert second["splice"] == "exact"
+    assert (first["finish_reason"], second["splice"]) == ("length", "exact")
     assert out["env_mask"] == [[1] * sampled[0] + [0] * len(environment) + [1] * sampled[1]]
     logprobs = first["completion_logprobs"] + [0.0] * len(environment) + second["completion_logprobs"]
     assert out["logprobs"] == [pytest.approx(logprobs, abs=1e-6)]  # stored as float32
@@ -230,7 +224,7 @@ def test_a_rollout_with_a_sub_agents_conversation_stops_the_step_rather_than_tra
     from trainer_client.trl import GatewayRollouts, Rollout
 
     db_url = databases.new("sqlite")
-    gateway = start_gateway(db_url, "--mode", "exact", process=True)
+    gateway = start_gateway(db_url, process=True)
     played: list[str] = []
 
     async def agent(prompt: str, rollout: Rollout) -> float:
@@ -251,9 +245,9 @@ def test_a_rollout_with_a_sub_agents_conversation_stops_the_step_rather_than_tra
 
     assert str(failed.value) == (
         "1 of 1 rollouts are trees of chains that GRPOTrainer cannot take whole (one sequence per prompt "
-        f"copy); the first, {played[0]}, has 2 chains of turns [[0], [1]]. Play them in exact mode if their "
-        'turns should chain (POST /rollouts with "mode": "exact"), or train with GatewayRolloutWorker '
-        "(AsyncGRPOTrainer) or trainer_client, which take every chain as a sample of its group"
+        f"copy); the first, {played[0]}, has 2 chains of turns [[0], [1]]. Train such agents with "
+        "GatewayRolloutWorker (AsyncGRPOTrainer) or trainer_client, which take every chain as a sample of "
+        "its group"
     )
 
 

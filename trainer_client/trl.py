@@ -8,8 +8,11 @@ directory's weights replaced, reload, policy version, resume):
   becomes a rollout (the trainer's `num_generations` copies of a prompt make one GRPO group) that your agent
   plays through the gateway; the reward it returns is posted, and the rollout's merged sample comes back from
   the store as `prompt_ids`, `completion_ids`, `logprobs` and `env_mask` (0 on the environment's tokens
-  between model turns). A rollout whose turns make several chains stops the step: the trainer takes one
-  sequence per prompt copy. `GatewayWeightSync` is the callback that gives vLLM the weights of every step.
+  between model turns). The rollouts are played in exact mode, whatever the gateway's default: the trainer
+  takes one sequence per prompt copy, and exact mode makes a conversation one chain, token for token, even
+  across replies cut by `max_tokens`. A rollout whose turns still make several chains (sub-agents, a
+  compaction, a history the harness rewrote) stops the step. `GatewayWeightSync` is the callback that gives
+  vLLM the weights of every step.
 - `trl.experimental`'s `AsyncGRPOTrainer`: `GatewayRolloutWorker` is its rollout worker, claiming ready
   groups from the store (whoever plays them: environments, orchestrators) with their advantages, and
   `GatewayWeightTransfer` its weight transfer. Every chain of a rollout (its main conversation, each
@@ -137,7 +140,7 @@ class GatewayRollouts:
 
 
 async def _create(control: httpx.AsyncClient, group_id: str) -> Rollout:
-    answer = await control.post("/rollouts", json={"group_id": group_id})
+    answer = await control.post("/rollouts", json={"group_id": group_id, "mode": "exact"})
     answer.raise_for_status()
     body = answer.json()
     return Rollout(body["rollout_id"], group_id, body["base_url"], body.get("api_key") or "unused")
@@ -156,7 +159,7 @@ def _one_chain_each(samples: list[MergedSample]) -> dict[str, MergedSample]:
     """Each rollout's one chain of turns. `GRPOTrainer` takes one sequence per copy of a prompt (its rows are
     its dataset's prompts, its advantages a view over groups of `num_generations` rows), and one sequence
     holds one conversation: a rollout whose turns make several chains (sub-agents, a compaction, a history
-    the harness rewrote, pass-through turns that do not chain exactly) cannot reach it whole, and training
+    the harness rewrote, turns of a backend without exact mode) cannot reach it whole, and training
     a part of it would leave sampled tokens untrained. Such a rollout stops the step with what to do. A
     chain that trains nothing (an attempt the client retried) is left out."""
     chains: dict[str, list[MergedSample]] = {}
@@ -171,8 +174,7 @@ def _one_chain_each(samples: list[MergedSample]) -> dict[str, MergedSample]:
         raise RuntimeError(
             f"{len(trees)} of {len(chains)} rollouts are trees of chains that GRPOTrainer cannot take whole "
             f"(one sequence per prompt copy); the first, {rollout_id}, has {len(tree)} chains of turns "
-            f"{[chain.turn_indices for chain in tree]}. Play them in exact mode if their turns should chain "
-            '(POST /rollouts with "mode": "exact"), or train with GatewayRolloutWorker '
+            f"{[chain.turn_indices for chain in tree]}. Train such agents with GatewayRolloutWorker "
             "(AsyncGRPOTrainer) or trainer_client, which take every chain as a sample of its group"
         )
     return {rollout_id: chain[0] for rollout_id, chain in trained.items()}

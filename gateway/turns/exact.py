@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from gateway.errors import ApiError
 from gateway.store.tokens import ID_DTYPE
 from gateway.turns.capture import ChatCapture
 from gateway.turns.context import TurnContext
-from gateway.turns.splice import splice
+from gateway.turns.splice import END_OF_TURN_REASONS, splice
 from gateway.turns.upstream import post_json
 
 RENDER = "/v1/chat/completions/render"
@@ -51,12 +52,44 @@ async def exact_prompt(ctx: TurnContext, capture: ChatCapture, body: dict[str, A
         record.splice = "render"
         prompt = plain
     else:
-        spliced = splice(parent.sequence, parent.completions, parent.finish_reason, plain)
+        closing = None
+        if parent.finish_reason not in END_OF_TURN_REASONS and parent.messages is not None:
+            closing = await _closing(ctx, capture, render_body, len(parent.messages), plain)
+        spliced = splice(parent.sequence, parent.completions, parent.finish_reason, plain, closing)
         record.splice = spliced.how
         record.prompt_completions = spliced.completions
         prompt = spliced.prompt_ids
     capture.sent_prompt = capture.prompt_ids = prompt  # vLLM's reply says which it used
     return list(prompt.tolist())
+
+
+async def _closing(
+    ctx: TurnContext, capture: ChatCapture, render_body: dict[str, Any], reply_at: int, plain: np.ndarray
+) -> int | None:
+    """The token the template closes a cut reply with: the one the plain render puts right after it, found by
+    rendering the history up to that reply left open (None where the two renders do not agree)."""
+    messages = render_body["messages"][: reply_at + 1]
+    if len(messages) <= reply_at or messages[-1].get("role") != "assistant":
+        return None
+    body = {
+        **render_body,
+        "messages": messages,
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    }
+
+    async def backend_render() -> list[int]:
+        rendered = await post_json(ctx.backends, capture, body, RENDER)
+        return list(rendered["token_ids"])
+
+    try:
+        open_reply = await ctx.local_render.render(capture.record.model, body, backend_render)
+    except ApiError:
+        return None
+    size = len(open_reply)
+    if size >= plain.shape[0] or not np.array_equal(plain[:size], open_reply):
+        return None
+    return int(plain[size])
 
 
 def with_prompt(upstream: dict[str, Any], prompt: list[int]) -> None:

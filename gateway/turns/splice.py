@@ -6,8 +6,11 @@ sampled, and is otherwise what the template renders now.
 Given the parent's exact ids S (its prompt + completion, as the engine saw and sampled them), where the
 model's completions lie in S, and the plain render B of the new request:
 
-1. The parent's reply must have ended with an end-of-turn token e = S[-1] (`finish_reason` stop or
-   tool_calls); a reply cut by `max_tokens` has no closing the model produced, so it is not spliced.
+1. The parent's reply ends with an end-of-turn token e = S[-1] (`finish_reason` stop or tool_calls). A
+   reply cut by `max_tokens` has no closing the model produced: the one the template gives it is used
+   instead (the token the new render puts right after the reply, found by rendering the history up to the
+   reply left open), and the rule holds with S closed by it; that closing is the template's, not a
+   completion.
 2. S and B are cut into turns after each e. S holds e k times; B must hold it at least k times, its k-th e
    closing the parent's reply. What B renders after it (the closing the template adds, tool results, user
    turns, the generation prompt) is new: N.
@@ -50,11 +53,20 @@ class Spliced:
 
 
 def splice(
-    parent_ids: np.ndarray, completions: tuple[Span, ...], finish_reason: str | None, plain: np.ndarray
+    parent_ids: np.ndarray,
+    completions: tuple[Span, ...],
+    finish_reason: str | None,
+    plain: np.ndarray,
+    closing: int | None = None,
 ) -> Spliced:
     """The prompt of a turn extending a parent whose exact ids are `parent_ids`, with the model's completions
-    at `completions` (the parent's own reply last)."""
-    if finish_reason not in END_OF_TURN_REASONS or parent_ids.shape[0] == 0:
+    at `completions` (the parent's own reply last); `closing`: for a reply that did not end a turn, the token
+    the template closes it with, if known."""
+    if parent_ids.shape[0] == 0:
+        return Spliced(plain, "fallback: the parent turn has no ids", None)
+    if closing is not None and finish_reason not in END_OF_TURN_REASONS:
+        parent_ids = np.append(parent_ids, np.asarray(closing, dtype=parent_ids.dtype))
+    elif finish_reason not in END_OF_TURN_REASONS:
         return Spliced(plain, f"fallback: parent reply ended with finish_reason={finish_reason}", None)
     end = parent_ids[-1]
     closes = np.flatnonzero(parent_ids == end) + 1
@@ -62,7 +74,11 @@ def splice(
     new_closes = np.flatnonzero(plain == end) + 1
     if new_closes.shape[0] < k:
         return Spliced(plain, "fallback: the new render closes fewer turns than the parent's ids hold", None)
-    starts = {span[1]: span[0] for span in completions}
+    # Each completion by where its turn closes: at its own last token, or at the template's closing of a cut
+    # reply right after it.
+    by_close = {
+        (stop if parent_ids[stop - 1] == end else stop + 1): (start, stop) for start, stop in completions
+    }
     opens = np.concatenate([[0], closes[:-1]])
     new_opens = np.concatenate([[0], new_closes[: k - 1]])
     pieces: list[np.ndarray] = []
@@ -71,7 +87,7 @@ def splice(
     length = 0
     for lo, hi, new_lo, new_hi in zip(opens, closes, new_opens, new_closes[:k], strict=True):
         ours, theirs = parent_ids[lo:hi], plain[new_lo:new_hi]
-        start = starts.get(int(hi), -1)
+        start, stop = by_close.get(int(hi), (-1, -1))
         if start < lo:  # no completion ends this turn: it must render as it did
             piece = ours if np.array_equal(ours, theirs) else theirs
         else:  # the template's text before the completion must render as it did; the completion is kept
@@ -84,7 +100,7 @@ def splice(
                         plain, "fallback: the new render has no place for the model's earlier reply", None
                     )
             piece = np.concatenate([theirs[:at], parent_ids[start:hi]])
-            spans.append((length + at, length + piece.shape[0]))
+            spans.append((length + at, length + at + stop - start))
         changed = changed or not np.array_equal(piece, ours)
         pieces.append(piece)
         length += piece.shape[0]

@@ -70,7 +70,36 @@ def test_an_environment_turn_rendered_differently_is_taken_from_the_new_render()
     assert (result.how, result.completions) == (RE_RENDERED, ((7, 10),))
 
 
-def test_reply_cut_by_max_tokens_falls_back_to_the_plain_render():
+def test_reply_cut_by_max_tokens_is_closed_by_the_templates_end_token_which_is_not_a_completion():
+    result = splice(PARENT[:-1], ((7, 9),), "length", PLAIN, closing=2)
+    assert (result.how, result.prompt_ids.tolist()) == ("exact", [*PARENT.tolist(), *NEW])
+    assert result.completions == ((7, 9),)
+
+
+def test_cut_reply_within_a_longer_history_keeps_every_earlier_completion_and_closes_the_last():
+    # A first reply (7 8 <e>) that ended the model's turn, a tool result, then a reply cut after 3 4.
+    parent = ids(1, 60, 7, 8, 2, 9, 1, 70, 4, 2, 9, 1, 60, 3, 4)
+    plain = ids(1, 60, 78, 2, 9, 1, 70, 4, 2, 9, 1, 60, 34, 2, 9, 1, 50, 6, 2, 9, 1, 60)
+    result = splice(parent, ((2, 5), (13, 15)), "length", plain, closing=2)
+    assert result.prompt_ids.tolist() == [*parent.tolist(), 2, 9, 1, 50, 6, 2, 9, 1, 60]
+    assert (result.how, result.completions) == ("exact", ((2, 5), (13, 15)))
+
+
+def test_a_cut_reply_earlier_in_the_history_keeps_its_ids_before_the_templates_closing():
+    # The first reply (7 8) was cut and closed by the template's <e>; the parent's own reply 3 4 <e> ended.
+    parent = ids(1, 60, 7, 8, 2, 9, 1, 50, 6, 2, 9, 1, 60, 3, 4, 2)
+    plain = ids(1, 60, 78, 2, 9, 1, 50, 6, 2, 9, 1, 60, 34, 2, 9, 1, 50, 5, 2, 9, 1, 60)
+    result = splice(parent, ((2, 4), (13, 16)), "stop", plain)
+    assert result.prompt_ids.tolist() == [*parent.tolist(), 9, 1, 50, 5, 2, 9, 1, 60]
+    assert (result.how, result.completions) == ("exact", ((2, 4), (13, 16)))
+
+
+def test_cut_reply_whose_closing_the_new_render_lacks_falls_back():
+    result = splice(PARENT[:-1], ((7, 9),), "length", ids(1, 50, 5, 2, 9, 1, 60, 78), closing=2)
+    assert result.how == "fallback: the new render closes fewer turns than the parent's ids hold"
+
+
+def test_reply_cut_by_max_tokens_without_a_known_closing_falls_back_to_the_plain_render():
     result = splice(PARENT[:-1], ((7, 9),), "length", PLAIN)
     assert (result.how, result.prompt_ids.tolist(), result.completions) == (
         "fallback: parent reply ended with finish_reason=length",
