@@ -112,7 +112,6 @@ MODEL_PARAMS = {
     "max_position_embeddings": CONTEXT,
     "rope_theta": 10000.0,
     "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
 }
 # Shape of the random weights (see ``_random_state_dict``).
 WEIGHT_PARAMS = {
@@ -541,7 +540,7 @@ def _write_tokenizer(staging: Path, family: Family, context: int) -> dict[str, i
 # Model
 
 
-def _qwen2_config(ids: dict[str, int], family: Family, context: int) -> dict[str, Any]:
+def _qwen2_config(ids: dict[str, int], family: Family, context: int, tied: bool) -> dict[str, Any]:
     p = MODEL_PARAMS
     return {
         "architectures": ["Qwen2ForCausalLM"],
@@ -564,7 +563,7 @@ def _qwen2_config(ids: dict[str, int], family: Family, context: int) -> dict[str
         "initializer_range": 0.02,
         "attention_dropout": 0.0,
         "use_cache": True,
-        "tie_word_embeddings": p["tie_word_embeddings"],
+        "tie_word_embeddings": tied,
         "bos_token_id": ids[family.pad],
         "eos_token_id": ids[family.eos],
         "pad_token_id": ids[family.pad],
@@ -617,6 +616,15 @@ def _random_state_dict(
         down[0, :] = 0.0
         sd[pre + "mlp.down_proj.weight"] = down
     sd["model.norm.weight"] = np.ones(h, np.float32)
+    if config["tie_word_embeddings"]:
+        # The head is the embedding, and the residual stream still carries the input token's embedding: the
+        # final norm's random signs (at the head's scale) keep the model from repeating that token, and eos
+        # gets its logit through the constant feature.
+        norm = np.sign(normal("tied_norm", (h,), 1.0)) * w["head_std"]
+        norm[0] = 1.0
+        sd["model.norm.weight"] = norm.astype(np.float32)
+        emb[ids[family.eos], 0] = w["bias_feature"] + w["eos_logit"] / 2
+        return {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in sorted(sd.items())}
     head = normal("lm_head", (v, h), w["head_std"])
     head[:, 0] = 0.0
     eos = ids[family.eos]
@@ -629,10 +637,12 @@ def _random_state_dict(
     return {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in sorted(sd.items())}
 
 
-def _write_model(staging: Path, ids: dict[str, int], seed: int, family: Family, context: int) -> None:
+def _write_model(
+    staging: Path, ids: dict[str, int], seed: int, family: Family, context: int, tied: bool
+) -> None:
     from safetensors.torch import save_file
 
-    config = _qwen2_config(ids, family, context)
+    config = _qwen2_config(ids, family, context, tied)
     state = _random_state_dict(config, ids, seed, family)
     save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
     _write_json(staging / "config.json", config)
@@ -650,7 +660,7 @@ def _write_model(staging: Path, ids: dict[str, int], seed: int, family: Family, 
 # Build
 
 
-def _fingerprint(seed: int, family: Family, context: int) -> str:
+def _fingerprint(seed: int, family: Family, context: int, tied: bool) -> str:
     spec = {
         "generator": GENERATOR_VERSION,
         "vocab_size": VOCAB_SIZE,
@@ -661,6 +671,7 @@ def _fingerprint(seed: int, family: Family, context: int) -> str:
         "corpus": hashlib.sha256(json.dumps(_training_corpus()).encode()).hexdigest(),
         "model": MODEL_PARAMS,
         "context": context,
+        "tied": tied,
         "weights": WEIGHT_PARAMS,
         "weights_seed": seed,
         "template": hashlib.sha256(family.template.encode()).hexdigest(),
@@ -700,6 +711,7 @@ def build_tiny_model(
     weights_seed: int = WEIGHTS_SEED,
     family: str = CHATML.name,
     context: int = CONTEXT,
+    tied: bool = False,
 ) -> Path:
     """Write the tiny model into ``out_dir`` (created if needed) and return it as an absolute ``Path``.
 
@@ -709,13 +721,14 @@ def build_tiny_model(
     ``force``. ``weights_seed`` changes only the weights (same tokenizer, template and shapes): write a model
     with another seed and copy its ``model.safetensors`` over a served one to test a weight reload.
     ``context`` is the number of positions the model declares (``max_position_embeddings``); the weights do
-    not depend on it.
+    not depend on it. ``tied`` ties the output head to the input embeddings, as Qwen3 up to 4B and Llama 3.2
+    do (the checkpoint holds no ``lm_head``).
     Takes a few seconds; other files in ``out_dir`` are left alone.
     """
     out = Path(out_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     spec = FAMILIES[family]
-    fingerprint = _fingerprint(weights_seed, spec, context)
+    fingerprint = _fingerprint(weights_seed, spec, context, tied)
     with _locked(out):
         if not force and _is_complete(out, fingerprint):
             log.debug("tiny model already built in %s", out)
@@ -725,7 +738,7 @@ def build_tiny_model(
         staging = Path(tempfile.mkdtemp(prefix=".tiny-model-", dir=out))
         try:
             ids = _write_tokenizer(staging, spec, context)
-            _write_model(staging, ids, weights_seed, spec, context)
+            _write_model(staging, ids, weights_seed, spec, context, tied)
             for name in MODEL_FILES:
                 os.chmod(staging / name, 0o644)
                 os.replace(staging / name, out / name)
@@ -739,6 +752,7 @@ def build_tiny_model(
                 "family": family,
                 "weights_seed": weights_seed,
                 "context": context,
+                "tied": tied,
                 "token_ids": ids,
                 "files": list(MODEL_FILES),
             },

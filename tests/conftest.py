@@ -2,8 +2,8 @@
 
 Each engine configuration starts once per session and serves every module that needs it: `vllm` (the tiny
 model, 65,536 positions), `trainable_vllm` (a copy training overwrites, reset for each test by
-`policy_vllm`), `teacher_vllm`, the fleet's two and one per template family. Each starts in the background
-ahead of the first test that needs it and stops after the last (`tests/engines.py`).
+`policy_vllm`), `teacher_vllm`, `tied_vllm`, the fleet's two and one per template family. Each starts in the
+background ahead of the first test that needs it and stops after the last (`tests/engines.py`).
 A test resets what it needs through the product's own API (fresh rollouts, fresh databases, weight reloads).
 Every gateway test runs twice, against SQLite and against the local PostgreSQL (a fresh schema per run).
 """
@@ -158,6 +158,12 @@ def policy_vllm(trainable_vllm: VLLMServer, model_dir: Path) -> VLLMServer:
 def teacher_vllm(engines: SessionEngines) -> VLLMServer:
     """The distillation teacher, served as `teacher` (`engines.teacher_engine`)."""
     return engines.get("teacher_vllm")
+
+
+@pytest.fixture(scope="session")
+def tied_vllm(engines: SessionEngines) -> VLLMServer:
+    """The tiny model with tied embeddings, on a directory its one test overwrites (`engines.tied_engine`)."""
+    return engines.get("tied_vllm")
 
 
 class Databases:

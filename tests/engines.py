@@ -33,7 +33,7 @@ TEMPLATE_FAMILIES = [name for name in FAMILIES if name != "chatml"]
 its own tokenizer (its special tokens) and its own tool-call and reasoning parsers, which vLLM takes per
 server."""
 
-SESSION = ("vllm", "trainable_vllm", "teacher_vllm")
+SESSION = ("vllm", "trainable_vllm", "teacher_vllm", "tied_vllm")
 """The servers that session-scoped fixtures of the same name hand out."""
 
 
@@ -151,6 +151,13 @@ def teacher_engine(engines: SessionEngines, name: str) -> VLLMServer:
     )
 
 
+def tied_engine(engines: SessionEngines, name: str) -> VLLMServer:
+    """The tiny model with its output head tied to its input embeddings, on a directory of its own that its
+    test overwrites. Eager: one test, a few calls."""
+    model = build_tiny_model(engines.work_dir / "tiny-model-tied", tied=True)
+    return VLLMServer(model, log_path=engines.work_dir / "vllm-tied.log", extra_args=["--enforce-eager"])
+
+
 def fleet_engine(engines: SessionEngines, name: str) -> VLLMServer:
     """One of the fleet's own servers of the policy ("tiny"; its last test kills one). Eager (no compiled
     graphs): it starts without compiling, and the fleet's calls ask for a few tokens each."""
@@ -176,6 +183,7 @@ RECIPES: dict[str, Callable[[SessionEngines, str], VLLMServer]] = {
     "vllm": session_engine,
     "trainable_vllm": trainable_engine,
     "teacher_vllm": teacher_engine,
+    "tied_vllm": tied_engine,
     "fleet_a": fleet_engine,
     "fleet_b": fleet_engine,
     **{f"family_{name}": family_engine for name in TEMPLATE_FAMILIES},
