@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+
+from trainer_client import SampleOptions, TrainerClient
 
 from support import TIMEOUT, VLLM_HEADERS, detokenize, on_store, stored_rollout, tokenize_chat
 
@@ -54,9 +57,18 @@ def claude() -> str:
     return path
 
 
-def run_claude(claude: str, base_url: str, root: Path, task: str) -> tuple[int, list[dict[str, Any]]]:
+def run_claude(
+    claude: str,
+    base_url: str,
+    root: Path,
+    task: str,
+    *,
+    tools: str = "Bash",
+    agents: dict[str, Any] | None = None,
+) -> tuple[int, list[dict[str, Any]]]:
     """`claude -p` headless in a working directory of its own, with a fresh home and config: nothing of the
-    machine's own Claude Code state or environment reaches it. Returns its exit code and events."""
+    machine's own Claude Code state or environment reaches it; `tools` allowed, `agents` defined as
+    sub-agents. Returns its exit code and events."""
     home = root / "home"
     home.mkdir()
     env = {
@@ -70,7 +82,9 @@ def run_claude(claude: str, base_url: str, root: Path, task: str) -> tuple[int, 
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
     command = [claude, "-p", task, "--model", "tiny", "--output-format", "stream-json", "--verbose"]
-    command += ["--allowedTools", "Bash", "--max-turns", "2"]
+    command += ["--allowedTools", tools, "--max-turns", "2"]
+    if agents:
+        command += ["--agents", json.dumps(agents)]
     done = subprocess.run(
         command, cwd=root / "work", env=env, capture_output=True, text=True, timeout=300, check=False
     )
@@ -173,6 +187,96 @@ def test_claude_code_runs_a_tool_through_the_gateway_and_every_call_is_a_turn_wi
     assert [t["prompt_token_ids"] for t in rendered] == [
         tokenize_chat(vllm, t["messages"], t["tools"]) for t in rendered
     ]
+
+
+# Claude Code hands work to a sub-agent with its Agent tool: a conversation of its own (the agent's own system
+# prompt, the task as its user message) whose report comes back to the main conversation as the tool's result.
+# The rollout's sampling forces one Agent call on every call. The sub-agent, a `reader` defined with
+# `--agents` (Bash only, one turn), makes one call (the forced Agent call, which it lacks, so it stops at its
+# limit with no report); the main conversation resumes with that result, calls Agent again (a second
+# sub-agent, the same conversation as the first) and stops at `--max-turns 2`.
+AGENT_CALL = (
+    '<tool_call>{"name": "Agent", "arguments": {"description": "Read the file", "prompt": "cat answer.txt", '
+    '"subagent_type": "reader", "run_in_background": false}}</tool_call>'
+)
+AGENT_SAMPLING = {"structured_outputs": {"regex": literal(AGENT_CALL)}, "max_tokens": 200, "temperature": 0.0}
+READER = {
+    "reader": {"description": "Reads files.", "prompt": "You read files.", "tools": ["Bash"], "maxTurns": 1}
+}
+
+
+def test_claude_codes_sub_agent_is_a_chain_of_its_own_and_the_main_conversation_merges_across_it(
+    start_gateway, databases, db_kind, claude, tmp_path
+):
+    db_url = databases.new(db_kind)
+    gateway = start_gateway(db_url)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "answer.txt").write_text("kumquat\n")
+    group = {"group_id": f"sub-agent-{uuid.uuid4().hex[:8]}", "mode": "exact", "sampling": AGENT_SAMPLING}
+    created = httpx.post(gateway.url + "/rollouts", json=group, timeout=TIMEOUT).json()
+
+    code, events = run_claude(
+        claude,
+        created["anthropic_base_url"],
+        tmp_path,
+        "What does answer.txt say?",
+        tools="Bash,Agent",
+        agents=READER,
+    )
+
+    # Claude Code's own account: the main conversation's two Agent calls, each sub-agent's one call
+    # (attributed to the Agent call that started it), then --max-turns.
+    calls = [
+        (event["parent_tool_use_id"], [block["name"] for block in event["message"]["content"]])
+        for event in events
+        if event["type"] == "assistant"
+    ]
+    main_calls = [event["message"]["content"][0]["id"] for event in events if event["type"] == "assistant"]
+    assert calls == [
+        (None, ["Agent"]),
+        (main_calls[0], ["Agent"]),
+        (None, ["Agent"]),
+        (main_calls[2], ["Agent"]),
+    ]
+    assert (code, events[-1]["subtype"]) == (1, "error_max_turns")
+    turns = stored_rollout(gateway, created["rollout_id"])["turns"]
+    assert [(t["parent_turn"], t["forked_from"], t["splice"]) for t in turns] == [
+        (None, None, "render"),  # the main conversation
+        (None, None, "render"),  # the first sub-agent: a conversation of its own
+        (0, None, "exact"),  # the main conversation resumed with the sub-agent's result
+        (None, 1, "render"),  # the second sub-agent, the first's conversation again
+    ]
+    main, sub_agent, resumed, _ = turns
+    # The sub-agent's conversation: its own system prompt, the task, Claude Code's mid-conversation system
+    # message.
+    assert [m["role"] for m in sub_agent["messages"]] == ["system", "user", "system"]
+    assert sub_agent["messages"][0]["content"].startswith(CLAUDE_CODE_SYSTEM_PROMPT + "You read files.")
+    assert sub_agent["messages"][0] != main["messages"][0]
+    assert sub_agent["messages"][1]["content"].endswith("</system-reminder>\ncat answer.txt")
+    assert [m["role"] for m in resumed["messages"]][-2:] == ["assistant", "tool"]
+    assert "stopped at its 1-turn limit" in resumed["messages"][-1]["content"]
+
+    # Merged by lineage: the main conversation is one sample across the sub-agent's call, every sub-agent
+    # one of its own; every sampled token is trained once.
+    finished = httpx.post(
+        f"{gateway.url}/rollouts/{created['rollout_id']}/finish", json={"reward": 1.0}, timeout=TIMEOUT
+    )
+    assert finished.status_code == 200
+    with TrainerClient(db_url) as client:
+        samples = client.read_groups([group["group_id"]], SampleOptions(merged=True)).samples
+    assert [s.turn_indices for s in samples] == [[0, 2], [1], [3]]
+    merged = samples[0]
+    first_reply = len(main["prompt_token_ids"]) + len(main["completion_token_ids"])
+    assert merged.input_ids.tolist() == resumed["prompt_token_ids"] + resumed["completion_token_ids"]
+    assert merged.input_ids.tolist()[:first_reply] == main["prompt_token_ids"] + main["completion_token_ids"]
+    assert np.flatnonzero(merged.loss_mask).tolist() == [
+        *range(len(main["prompt_token_ids"]), first_reply),
+        *range(len(resumed["prompt_token_ids"]), len(merged.input_ids)),
+    ]
+    for sample, turn in zip(samples[1:], turns[1::2], strict=True):
+        assert sample.input_ids.tolist() == turn["prompt_token_ids"] + turn["completion_token_ids"]
+    trained = sum(int(s.loss_mask.sum()) for s in samples)
+    assert trained == sum(len(t["completion_token_ids"]) for t in turns)
 
 
 # Codex CLI talks OpenAI Responses (`wire_api = "responses"`), streamed, with `store: false`: it sends the
