@@ -66,8 +66,9 @@ async def exact_prompt(ctx: TurnContext, capture: ChatCapture, body: dict[str, A
 async def _closing(
     ctx: TurnContext, capture: ChatCapture, render_body: dict[str, Any], reply_at: int, plain: np.ndarray
 ) -> int | None:
-    """The token the template closes a cut reply with: the one the plain render puts right after it, found by
-    rendering the history up to that reply left open (None where the two renders do not agree)."""
+    """The token the template closes a cut reply with: the one the plain render puts right after the reply's
+    text, found by rendering the history up to that reply left open (None where the two renders do not
+    agree)."""
     messages = render_body["messages"][: reply_at + 1]
     if len(messages) <= reply_at or messages[-1].get("role") != "assistant":
         return None

@@ -10,7 +10,7 @@ model's completions lie in S, and the plain render B of the new request:
    reply cut by `max_tokens` has no closing the model produced: the one the template gives it is used
    instead (the token the new render puts right after the reply, found by rendering the history up to the
    reply left open), and the rule holds with S closed by it; that closing is the template's, not a
-   completion.
+   completion. (A reply cut right after the model sampled that token ended after all.)
 2. S and B are cut into turns after each e. S holds e k times; B must hold it at least k times, its k-th e
    closing the parent's reply. What B renders after it (the closing the template adds, tool results, user
    turns, the generation prompt) is new: N.
@@ -64,10 +64,11 @@ def splice(
     the template closes it with, if known."""
     if parent_ids.shape[0] == 0:
         return Spliced(plain, "fallback: the parent turn has no ids", None)
-    if closing is not None and finish_reason not in END_OF_TURN_REASONS:
+    ended = finish_reason in END_OF_TURN_REASONS or closing == parent_ids[-1]  # it sampled its closing
+    if not ended:
+        if closing is None:
+            return Spliced(plain, f"fallback: parent reply ended with finish_reason={finish_reason}", None)
         parent_ids = np.append(parent_ids, np.asarray(closing, dtype=parent_ids.dtype))
-    elif finish_reason not in END_OF_TURN_REASONS:
-        return Spliced(plain, f"fallback: parent reply ended with finish_reason={finish_reason}", None)
     end = parent_ids[-1]
     closes = np.flatnonzero(parent_ids == end) + 1
     k = closes.shape[0]

@@ -94,6 +94,15 @@ def test_a_cut_reply_earlier_in_the_history_keeps_its_ids_before_the_templates_c
     assert (result.how, result.completions) == ("exact", ((2, 4), (13, 16)))
 
 
+def test_a_reply_cut_right_after_the_model_sampled_its_end_token_is_spliced_as_ended():
+    result = splice(PARENT, REPLY, "length", PLAIN, closing=2)
+    assert (result.how, result.prompt_ids.tolist(), result.completions) == (
+        "exact",
+        [*PARENT.tolist(), *NEW],
+        ((7, 10),),
+    )
+
+
 def test_cut_reply_whose_closing_the_new_render_lacks_falls_back():
     result = splice(PARENT[:-1], ((7, 9),), "length", ids(1, 50, 5, 2, 9, 1, 60, 78), closing=2)
     assert result.how == "fallback: the new render closes fewer turns than the parent's ids hold"
