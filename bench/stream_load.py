@@ -1,0 +1,305 @@
+"""Streamed load: many agents streaming replies at once, directly from a vLLM-shaped upstream and through the
+gateway, in one run. The gateway's cost at fleet scale is its work per relayed token, not per call.
+
+    python bench/stream_load.py [--concurrency 64 256] [--tokens 256] [--body-kb 12.7] [--pace-ms 0]
+                                [--seconds 10] [--workers 2]
+
+The upstream (`StreamingUpstream`, a child process) streams each reply as vLLM does with `return_token_ids`
+and `logprobs`: a first chunk with the role and the prompt's ids, then one chunk per token (its text, id and
+logprob), the finish, the usage and `[DONE]`; `--pace-ms` waits between a stream's chunks (0: as fast as the
+event loop turns, each chunk its own write). Each of `--concurrency` connections calls in a loop for
+`--seconds`, every call in a rollout of its own through the gateway; the load generator is a raw-socket
+HTTP/1.1 client. It prints tokens/s, calls/s and time to the first token (p50, p99) directly and through the
+gateway (SQLite; with `--workers N`, PostgreSQL behind `gateway serve --workers N` too), and their ratio.
+Every process shares this machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import orjson
+from gateway_overhead import POSTGRES_URL, postgres_schemas
+
+from testbed.launcher import GatewayProcess
+from testbed.process import ManagedProcess, start_until_ready
+
+PROMPT_TOKENS = 3200
+
+
+def sse(payload: dict) -> bytes:
+    """One server-sent event as one HTTP chunk."""
+    event = b"data: " + orjson.dumps(payload) + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+def stream_chunks(tokens: int) -> list[bytes]:
+    """A whole streamed reply of `tokens` tokens, as vLLM writes it (one chunk per token)."""
+    base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "tiny"}
+    first = {
+        **base,
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        "prompt_token_ids": [(i * 13) % 2000 for i in range(PROMPT_TOKENS)],
+    }
+    chunks = [sse(first)]
+    for i in range(tokens):
+        token = {
+            "index": 0,
+            "delta": {"content": "x"},
+            "logprobs": {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}]},
+            "finish_reason": None,
+            "token_ids": [(i * 37) % 2000],
+        }
+        chunks.append(sse({**base, "choices": [token]}))
+    done = {"index": 0, "delta": {}, "finish_reason": "length", "stop_reason": None, "token_ids": []}
+    chunks.append(sse({**base, "choices": [done]}))
+    usage = {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": tokens,
+        "total_tokens": PROMPT_TOKENS + tokens,
+    }
+    chunks.append(sse({**base, "choices": [], "usage": usage}))
+    chunks.append(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+    return chunks
+
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+class StreamingUpstream(asyncio.Protocol):
+    """Streams `chunks` for every POST; answers anything else (the gateway's health checks) with `{}`."""
+
+    chunks: ClassVar[list[bytes]] = []
+    pace: ClassVar[float] = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+        self.buffer = b""
+        self.queue: asyncio.Queue[bool] = asyncio.Queue()
+        self.task = asyncio.ensure_future(self.serve())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            head = self.buffer[:end].lower()
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.startswith(b"content-length:")
+                ),
+                0,
+            )
+            if len(self.buffer) < end + 4 + length:
+                return
+            self.buffer = self.buffer[end + 4 + length :]
+            self.queue.put_nowait(head.startswith(b"post "))
+
+    async def serve(self) -> None:
+        while True:
+            streamed = await self.queue.get()
+            if not streamed:
+                self.transport.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+                )
+                continue
+            self.transport.write(HEAD)
+            for chunk in self.chunks:
+                self.transport.write(chunk)
+                await asyncio.sleep(self.pace)
+
+
+def start_upstream(work: Path, tokens: int, pace_ms: float) -> tuple[ManagedProcess, int]:
+    return start_until_ready(
+        lambda port: ManagedProcess(
+            [
+                sys.executable,
+                __file__,
+                "--serve",
+                str(port),
+                "--tokens",
+                str(tokens),
+                "--pace-ms",
+                str(pace_ms),
+            ],
+            log_path=work / "upstream.log",
+            name="streaming upstream",
+        ),
+        "/",
+        host="127.0.0.1",
+        port=None,
+        timeout=30,
+    )
+
+
+async def serve(port: int, tokens: int, pace_ms: float) -> None:
+    StreamingUpstream.chunks = stream_chunks(tokens)
+    StreamingUpstream.pace = pace_ms / 1000
+    server = await asyncio.get_running_loop().create_server(StreamingUpstream, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+def agent_body(kb: float, tokens: int) -> bytes:
+    """A chat request of about `kb` KB that streams `tokens` tokens."""
+    words = " ".join(f"word{i % 97}" for i in range(int(kb * 1024 / 7) + 10))[: int(kb * 1024) - 200]
+    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": words}]
+    return orjson.dumps({"model": "tiny", "messages": messages, "max_tokens": tokens, "stream": True})
+
+
+@dataclass
+class Tally:
+    calls: int = 0
+    failed: int = 0
+    first_token_ms: list[float] = field(default_factory=list)
+
+
+async def stream_call(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, body: bytes
+) -> float:
+    """One streamed call on a keep-alive connection: its time to the first token (ms); raises on failure."""
+    started = time.perf_counter()
+    writer.write(
+        b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (path.encode(), len(body), body)
+    )
+    status = await reader.readline()
+    while await reader.readline() not in (b"\r\n", b""):
+        pass
+    if b" 200 " not in status:
+        raise RuntimeError(status.decode().strip())
+    events = 0
+    first = 0.0
+    while True:
+        size = int((await reader.readline()).strip(), 16)
+        if size == 0:
+            await reader.readline()
+            return first
+        data = await reader.readexactly(size + 2)
+        events += data.count(b"data: ")
+        if not first and events >= 2:  # the role's event, then the first token's
+            first = (time.perf_counter() - started) * 1000
+
+
+async def load(
+    port: int, through_gateway: bool, body: bytes, concurrency: int, seconds: float
+) -> tuple[Tally, float]:
+    tally = Tally()
+    deadline = time.perf_counter() + seconds
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+        try:
+            while time.perf_counter() < deadline:
+                path = (
+                    f"/rollouts/{uuid.uuid4().hex}/v1/chat/completions"
+                    if through_gateway
+                    else "/v1/chat/completions"
+                )
+                try:
+                    tally.first_token_ms.append(await stream_call(reader, writer, path, body))
+                    tally.calls += 1
+                except (RuntimeError, ValueError, asyncio.IncompleteReadError, ConnectionError):
+                    tally.failed += 1
+                    writer.close()
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+        finally:
+            writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(connection() for _ in range(concurrency)))
+    return tally, time.perf_counter() - started
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else (values[0] if values else 0.0)
+
+
+def report(name: str, tally: Tally, elapsed: float, tokens: int, floor: float | None) -> float:
+    rate = tally.calls * tokens / elapsed
+    ratio = f"{rate / floor:>6.2f}" if floor else f"{'':>6}"
+    p50, p99 = percentile(tally.first_token_ms, 50), percentile(tally.first_token_ms, 99)
+    print(
+        f"{name:<34} {rate:>10,.0f} {tally.calls / elapsed:>8.1f} {p50:>9.1f} {p99:>9.1f} "
+        f"{tally.failed:>7} {ratio}",
+        flush=True,
+    )
+    return rate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256], help="concurrent streams")
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per reply")
+    parser.add_argument("--body-kb", type=float, default=12.7, help="size of each agent request")
+    parser.add_argument(
+        "--pace-ms", type=float, default=0.0, help="upstream's wait between a stream's chunks"
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each run")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="also PostgreSQL behind `gateway serve --workers N`"
+    )
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the upstream's own process
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(args.serve, args.tokens, args.pace_ms))
+        return 0
+
+    work = Path(tempfile.mkdtemp(prefix="gateway-stream-bench-"))
+    body = agent_body(args.body_kb, args.tokens)
+    upstream, port = start_upstream(work, args.tokens, args.pace_ms)
+    print(
+        f"{args.tokens} tokens a reply, {len(body) / 1024:.1f} KB requests, upstream pace {args.pace_ms} ms, "
+        f"{args.seconds:.0f} s a run\n"
+    )
+    columns = ("tokens/s", "calls/s", "TTFT p50", "TTFT p99", "failed", "ratio")
+    print(f"{'target':<34}", *(f"{c:>{w}}" for c, w in zip(columns, (10, 8, 9, 9, 7, 6), strict=True)))
+    try:
+        with postgres_schemas(1 if args.workers > 1 else 0) as urls:
+            for concurrency in args.concurrency:
+                floor = report(
+                    f"{concurrency} streams, upstream directly",
+                    *asyncio.run(load(port, False, body, concurrency, args.seconds)),
+                    args.tokens,
+                    None,
+                )
+                gateways = {
+                    f"{concurrency} streams, gateway, SQLite": (f"sqlite:///{work / f'{concurrency}.db'}", [])
+                }
+                if args.workers > 1:
+                    gateways[f"{concurrency} streams, gateway, PG, {args.workers} w"] = (
+                        urls[0],
+                        ["--workers", str(args.workers)],
+                    )
+                for name, (db_url, extra) in gateways.items():
+                    with GatewayProcess(
+                        [f"http://127.0.0.1:{port}"], db_url, log_path=work / "gateway.log", extra_args=extra
+                    ) as gateway:
+                        report(
+                            name,
+                            *asyncio.run(load(gateway.port, True, body, concurrency, args.seconds)),
+                            args.tokens,
+                            floor,
+                        )
+    finally:
+        upstream.stop()
+    print(f"\n(PostgreSQL: {POSTGRES_URL}; logs in {work})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
