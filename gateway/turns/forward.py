@@ -28,7 +28,7 @@ from gateway.turns.context import TurnContext
 from gateway.turns.exact import exact_prompt, with_prompt
 from gateway.turns.relay import RelayResponse, StreamFailure, relay
 from gateway.turns.sampling import imposed, merged
-from gateway.turns.sse import sse_data
+from gateway.turns.sse import sse_batches
 from gateway.turns.upstream import send
 from gateway.turns.wire import Wire
 
@@ -191,22 +191,30 @@ async def _whole(
 async def _chunks(
     capture: TurnCapture, reply: BackendReply, asked: Asked, wire: Wire
 ) -> AsyncIterator[bytes]:
-    """vLLM's chunks as they arrive, captured, then stripped of what the gateway injected."""
+    """vLLM's chunks as they arrive, captured, then stripped of what the gateway injected. The events one
+    network read completes go to the agent in one write: under load several tokens of a stream arrive
+    together, and each write costs the relay's whole path down to the socket."""
     record = capture.record
     try:
-        async for data in sse_data(reply.chunks()):
-            if data == b"[DONE]":
-                return
-            chunk = orjson.loads(data)
+        async for batch in sse_batches(reply.chunks()):
             if record.first_token_at is None:
                 record.first_token_at = time.time()
-            if "error" in chunk and "choices" not in chunk:
-                message = backend_error_detail(data).get("message")
-                raise StreamFailure(str(message) if message is not None else "backend stream failed")
-            capture.feed(chunk)
-            capture.strip(chunk, asked)
-            if not capture.carries_nothing(chunk, asked):
-                yield wire.chunk(chunk)
+            relayed: list[bytes] = []
+            try:
+                for data in batch:
+                    if data == b"[DONE]":
+                        return
+                    chunk = orjson.loads(data)
+                    if "error" in chunk and "choices" not in chunk:
+                        message = backend_error_detail(data).get("message")
+                        raise StreamFailure(str(message) if message is not None else "backend stream failed")
+                    capture.feed(chunk)
+                    capture.strip(chunk, asked)
+                    if not capture.carries_nothing(chunk, asked):
+                        relayed.append(wire.chunk(chunk))
+            finally:
+                if relayed:  # what came before the end or a failure reaches the agent first
+                    yield b"".join(relayed)
     except BackendStreamError as exc:
         raise StreamFailure(str(exc)) from exc
     except orjson.JSONDecodeError as exc:

@@ -24,10 +24,3 @@ async def sse_batches(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]
                 batch.append(b"\n".join(data))
         if batch:
             yield batch
-
-
-async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Each event's `data` as it completes."""
-    async for batch in sse_batches(chunks):
-        for data in batch:
-            yield data

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
-from gateway.turns.sse import sse_batches, sse_data
+from gateway.turns.sse import sse_batches
 
 T = TypeVar("T")
 
@@ -23,8 +23,13 @@ async def collect(stream: AsyncIterator[T]) -> list[T]:
     return [item async for item in stream]
 
 
+async def events(chunks: list[bytes]) -> list[bytes]:
+    """Every event's data, in order, whatever read completed it."""
+    return [data for batch in await collect(sse_batches(source(chunks))) for data in batch]
+
+
 def data(chunks: list[bytes]) -> list[bytes]:
-    return asyncio.run(collect(sse_data(source(chunks))))
+    return asyncio.run(events(chunks))
 
 
 def batches(chunks: list[bytes]) -> list[list[bytes]]:
@@ -35,7 +40,7 @@ def data_of_each(splits: list[list[bytes]]) -> list[list[bytes]]:
     """Many parses in one event loop (one `asyncio.run` each would dominate the run time)."""
 
     async def main() -> list[list[bytes]]:
-        return [await collect(sse_data(source(chunks))) for chunks in splits]
+        return [await events(chunks) for chunks in splits]
 
     return asyncio.run(main())
 
