@@ -8,10 +8,10 @@ The upstream (`StreamingUpstream`, a child process) streams each reply as vLLM d
 and `logprobs`: a first chunk with the role and the prompt's ids, then one chunk per token (its text, id and
 logprob), the finish, the usage and `[DONE]`; `--pace-ms` waits between a stream's chunks (0: as fast as the
 event loop turns, each chunk its own write). Each of `--concurrency` connections calls in a loop for
-`--seconds`, every call in a rollout of its own through the gateway; the load generator is a raw-socket
-HTTP/1.1 client. It prints tokens/s, calls/s and time to the first token (p50, p99) directly and through the
-gateway (SQLite; with `--workers N`, PostgreSQL behind `gateway serve --workers N` too), and their ratio.
-Every process shares this machine's cores.
+`--seconds`, in rollouts of 20 calls through the gateway (as `bench/gateway_overhead.py`); the load
+generator is a raw-socket HTTP/1.1 client. It prints tokens/s, calls/s and time to the first token (p50,
+p99) directly and through the gateway (SQLite; with `--workers N`, PostgreSQL behind `gateway serve --workers
+N` too), and their ratio. Every process shares this machine's cores.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 import orjson
-from gateway_overhead import POSTGRES_URL, postgres_schemas
+from gateway_overhead import POSTGRES_URL, paths_for, postgres_schemas
 
 from testbed.launcher import GatewayProcess
 from testbed.process import ManagedProcess, start_until_ready
@@ -201,13 +200,10 @@ async def load(
 
     async def connection() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+        paths = paths_for("gateway" if through_gateway else "direct")
         try:
             while time.perf_counter() < deadline:
-                path = (
-                    f"/rollouts/{uuid.uuid4().hex}/v1/chat/completions"
-                    if through_gateway
-                    else "/v1/chat/completions"
-                )
+                path = next(paths)
                 try:
                     tally.first_token_ms.append(await stream_call(reader, writer, path, body))
                     tally.calls += 1
