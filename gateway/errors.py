@@ -66,6 +66,7 @@ _STORE_STATUS = {
 _BACKEND_STATUS = {
     "timeout": (504, "backend_timeout"),
     "unreachable": (503, "backend_unavailable"),
+    "busy": (503, "backend_busy"),
     "failed": (502, "backend_error"),
 }
 _CONTEXT_TOO_LONG = ("maximum context length", "longer than the maximum model length")
@@ -137,12 +138,12 @@ def error_body(
 
 def retry_headers(status_code: int) -> dict[str, str] | None:
     """Tell the OpenAI and Anthropic SDKs not to retry an answer a retry cannot change (they retry 409 and
-    every 5xx by default, and honour `x-should-retry`), and to retry a 503: the gateway is briefly unable to
-    serve (no backend, no store) and will be again."""
+    every 5xx by default, and honour `x-should-retry`), and to retry a 503 after a second: the gateway is
+    briefly unable to serve (no backend, a busy one, no store) and will be again."""
     if 400 <= status_code < 500 and status_code not in (408, 429):
         return {"x-should-retry": "false"}
     if status_code == 503:
-        return {"x-should-retry": "true"}
+        return {"x-should-retry": "true", "retry-after": "1"}
     return None
 
 

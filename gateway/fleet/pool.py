@@ -53,6 +53,7 @@ class BackendPool:
         self.weights = FleetWeights()
         self.eject_after = eject_after
         """Failed health checks in a row before a server takes no more calls."""
+        self.connect_timeout = connect_timeout
         self.ejected: Callable[[Server], None] = lambda _server: None
         """Called when a call finds a server unreachable (`gateway.replicas.publish` tells every process)."""
         self._session = aiohttp.ClientSession(
@@ -92,9 +93,10 @@ class BackendPool:
 
     async def send(self, rollout_id: str, path: str, body: bytes, model: str | None = None) -> Routed:
         """POST to the rollout's server; a server that refuses the connection is ejected and the rollout moves
-        to another one (the request never reached it).
+        to another one (the request never reached it). A server slow to accept one is busy, not dead: it
+        stays, and the call is refused for its client to retry.
 
-        Raises BackendFailure: unreachable when no server accepts a connection, timeout, or failed.
+        Raises BackendFailure: unreachable when no server accepts a connection, busy, timeout, or failed.
         """
         moved_from: str | None = None
         last_error: Exception | None = None
@@ -108,7 +110,15 @@ class BackendPool:
                 response = await self._post(
                     server.url + path, data=body, headers={"content-type": "application/json"}
                 )
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            except aiohttp.ConnectionTimeoutError as exc:  # before ClientConnectorError: not a refusal
+                self._failed(server)
+                raise BackendFailure(
+                    "busy",
+                    f"backend {server.url} did not accept a connection within {self.connect_timeout:g} s: "
+                    "it is busy, not gone; retry",
+                    server.url,
+                ) from exc
+            except aiohttp.ClientConnectorError as exc:
                 self._failed(server)
                 self._eject(server, f"connection failed: {exc!r}")
                 last_error, moved_from = exc, moved_from or server.url
@@ -160,7 +170,9 @@ class BackendPool:
     async def _post_again(self, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
         try:
             return await self._session.post(url, **kwargs)
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        except aiohttp.ConnectionTimeoutError:
+            raise  # slow to accept: busy, not gone
+        except aiohttp.ClientConnectorError as exc:
             raise ServerLost(f"{url} closed a call's connection, then refused a new one") from exc
 
     async def call_one(self, url: str, body: object, params: dict[str, str] | None = None) -> str | None:

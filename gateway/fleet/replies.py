@@ -14,8 +14,8 @@ class BackendStreamError(Exception):
 
 
 class BackendFailure(Exception):
-    """No answer from the backends: `kind` is timeout, unreachable or failed (`gateway.errors` maps it to
-    HTTP)."""
+    """No answer from the backends: `kind` is timeout, unreachable, busy or failed (`gateway.errors` maps it
+    to HTTP)."""
 
     def __init__(self, kind: str, message: str, url: str | None = None) -> None:
         super().__init__(message)

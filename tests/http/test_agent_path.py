@@ -164,10 +164,20 @@ async def test_a_prompt_too_long_for_the_engine_is_context_length_exceeded(gw):
             "backend_unavailable",
             "no backend reachable",
         ),
+        (BackendFailure("busy", "backend busy"), 503, "backend_busy", "backend busy"),
         (BackendFailure("timeout", "backend timed out"), 504, "backend_timeout", "backend timed out"),
         (BackendFailure("failed", "backend failed"), 502, "backend_error", "backend failed"),
     ],
-    ids=["engine-500", "engine-401", "not-json", "broken-body", "unreachable", "timeout", "transport"],
+    ids=[
+        "engine-500",
+        "engine-401",
+        "not-json",
+        "broken-body",
+        "unreachable",
+        "busy",
+        "timeout",
+        "transport",
+    ],
 )
 async def test_a_failing_engine_is_a_gateway_error_and_one_error_turn(gw, reply, status, code, message):
     gw.engine.answer("/v1/chat/completions", reply)
@@ -180,6 +190,7 @@ async def test_a_failing_engine_is_a_gateway_error_and_one_error_turn(gw, reply,
         message,
     )
     assert answer.headers.get("x-should-retry") == ("true" if status == 503 else None)  # SDKs retry 5xx
+    assert answer.headers.get("retry-after") == ("1" if status == 503 else None)
     turns = (await gw.rollout("r1"))["turns"]
     assert [(t["status"], t["http_status"], t["error"]) for t in turns] == [("error", status, message)]
 

@@ -2,14 +2,14 @@
 server closed is retried on the same server; a server that dies with a call at work fails that call (it is
 never re-run elsewhere, whether the kill reaches the gateway as a close or a reset) and is ejected (at once,
 or by the next call that finds it gone), and the rollout's next call moves. The servers are raw sockets, to
-die at an exact point of the exchange."""
+die at an exact point of the exchange, or to accept no connection at all."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
@@ -136,3 +136,41 @@ async def test_an_idle_connection_the_server_closed_is_retried_on_the_same_serve
 
     assert calls == 2
     assert (pool.servers[url].healthy, pool.servers[url].errors, routed.repinned_from) == (True, 0, None)
+
+
+@pytest.fixture
+def busy_server() -> Iterator[str]:
+    """A server that accepts no more connections: its accept queue (listen backlog 0) is full, so a new
+    connection's handshake is never answered, as for a server too busy to accept."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(3):  # more than the queue holds; the handshakes of the last ones hang, unanswered
+        client = socket.socket()
+        client.setblocking(False)
+        client.connect_ex(("127.0.0.1", port))
+        queued.append(client)
+    yield f"http://127.0.0.1:{port}"
+    for client in queued:
+        client.close()
+    listener.close()
+
+
+async def test_a_server_too_busy_to_accept_a_connection_stays_in_the_fleet_and_the_call_is_refused_to_retry(
+    busy_server,
+):
+    pool = BackendPool([busy_server], timeout=5, connect_timeout=0.2, max_connections=4)
+    try:
+        with pytest.raises(BackendFailure) as refused:
+            await pool.send("r", "/v1/chat/completions", b"{}")
+    finally:
+        await pool.close()
+
+    assert (refused.value.kind, refused.value.url) == ("busy", busy_server)
+    assert str(refused.value) == (
+        f"backend {busy_server} did not accept a connection within 0.2 s: it is busy, not gone; retry"
+    )
+    server = pool.servers[busy_server]
+    assert (server.healthy, server.in_flight, server.errors) == (True, 0, 1)
