@@ -3,7 +3,9 @@ finds in the run state for every process to follow (`gateway.replicas.publish`).
 
 A check asks /health, then (when it passes) the served models and the prefix-cache hit rate. A server fails
 `eject_after` checks in a row before it is ejected; one passing check re-admits it, once it holds the
-gateway's weights: a server coming back is first given the reloads and version it missed.
+gateway's weights: a server coming back is first given the reloads and version it missed. Checks that only
+time out do not eject the last healthy server of a model: a server slow to answer under load is busy, and
+without it the model's every call would fail.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY, WEIGHT_VERSION, F
 
 log = logging.getLogger(__name__)
 
-_CHECK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+_CHECK_SECONDS = 5.0
+_CHECK_TIMEOUT = aiohttp.ClientTimeout(total=_CHECK_SECONDS)
 
 Call = Callable[[str, object], Awaitable[str | None]]
 """POST (url, body) to a server: what went wrong, or None (`BackendPool.call_one`)."""
@@ -40,17 +43,32 @@ class Found:
 
 
 async def check(
-    session: aiohttp.ClientSession, server: Server, weights: FleetWeights, eject_after: int, call: Call
+    session: aiohttp.ClientSession,
+    server: Server,
+    weights: FleetWeights,
+    eject_after: int,
+    call: Call,
+    *,
+    last: bool,
+    connect_timeout: float,
 ) -> Found:
     """One health check of `server` (its `failed_checks` count the failures in a row); `call` gives a
-    returning server the weights it missed."""
+    returning server the weights it missed; `last`: no other healthy server serves one of its models."""
     was_healthy = server.healthy
     found = Found(server.url, server.models, server.prefix_cache_hit_rate)
-    if not await _answers(session, server):
+    failure = await _failure(session, server, connect_timeout)
+    if failure is not None:
         server.failed_checks += 1
         if was_healthy and server.failed_checks >= eject_after:
-            log.warning("backend %s ejected: %d health checks failed", server.url, server.failed_checks)
-            found.healthy = False
+            if isinstance(failure, TimeoutError) and last:
+                log.warning(
+                    "backend %s: %d health checks timed out; kept, as the last server of its models",
+                    server.url,
+                    server.failed_checks,
+                )
+            else:
+                log.warning("backend %s ejected: %d health checks failed", server.url, server.failed_checks)
+                found.healthy = False
         return found
     try:  # what it serves and how its cache does: worth knowing, but not a health matter
         found.models = await _models(session, server)
@@ -70,12 +88,16 @@ async def check(
     return found
 
 
-async def _answers(session: aiohttp.ClientSession, server: Server) -> bool:
+async def _failure(
+    session: aiohttp.ClientSession, server: Server, connect_timeout: float
+) -> BaseException | str | None:
+    """Why /health did not pass (a TimeoutError when it only took too long), or None."""
+    timeout = aiohttp.ClientTimeout(total=_CHECK_SECONDS, sock_connect=connect_timeout)
     try:
-        async with session.get(server.url + "/health", timeout=_CHECK_TIMEOUT) as response:
-            return response.status == 200
-    except Exception:  # whatever stops a probe, the server is not serving
-        return False
+        async with session.get(server.url + "/health", timeout=timeout) as response:
+            return None if response.status == 200 else f"HTTP {response.status}"
+    except Exception as exc:  # whatever stops a probe, the server is not serving
+        return exc
 
 
 async def _catch_up(call: Call, server: Server, weights: FleetWeights) -> str | None:

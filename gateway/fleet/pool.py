@@ -234,7 +234,22 @@ class BackendPool:
 
     async def check(self, server: Server) -> health.Found:
         """One health check of `server` (`gateway.fleet.health`): what the run state should say of it."""
-        return await health.check(self._session, server, self.weights, self.eject_after, self.call_one)
+        return await health.check(
+            self._session,
+            server,
+            self.weights,
+            self.eject_after,
+            self.call_one,
+            last=self._last_of_a_model(server),
+            connect_timeout=self.connect_timeout,
+        )
+
+    def _last_of_a_model(self, server: Server) -> bool:
+        """No other healthy server serves one of its models (or, its models unknown, no other is healthy)."""
+        others = [s for s in self.servers.values() if s is not server and s.healthy]
+        if not server.models:
+            return not others
+        return any(not any(s.serves(model) for s in others) for model in server.models)
 
     async def probe_scale_out(self, url: str) -> bool | None:
         """Ask a backend for a render: 200 means exact mode works there; None if it cannot be reached."""

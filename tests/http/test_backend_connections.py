@@ -1,8 +1,10 @@
 """How the pool's calls meet a server's connections (`gateway.fleet.pool`): an idle kept-alive connection the
 server closed is retried on the same server; a server that dies with a call at work fails that call (it is
 never re-run elsewhere, whether the kill reaches the gateway as a close or a reset) and is ejected (at once,
-or by the next call that finds it gone), and the rollout's next call moves. The servers are raw sockets, to
-die at an exact point of the exchange, or to accept no connection at all."""
+or by the next call that finds it gone), and the rollout's next call moves. A server too busy to accept a
+connection stays: its call is refused for the client to retry, and health checks that time out eject it only
+if another server serves its models. The servers are raw sockets, to die at an exact point of the exchange,
+or to accept no connection at all."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 
 from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure
+from testbed.process import free_port
 
 pytestmark = pytest.mark.anyio
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -174,3 +177,36 @@ async def test_a_server_too_busy_to_accept_a_connection_stays_in_the_fleet_and_t
     )
     server = pool.servers[busy_server]
     assert (server.healthy, server.in_flight, server.errors) == (True, 0, 1)
+
+
+async def checked_twice(pool: BackendPool, url: str) -> bool | None:
+    """What two health checks in a row (the default ejection) find of a server's health."""
+    await pool.check(pool.servers[url])
+    return (await pool.check(pool.servers[url])).healthy
+
+
+async def test_health_checks_that_time_out_do_not_eject_the_last_server_of_a_model(busy_server):
+    pool = BackendPool([busy_server], timeout=5, connect_timeout=0.2, max_connections=4)
+    try:
+        assert await checked_twice(pool, busy_server) is None  # no change: it stays in service
+    finally:
+        await pool.close()
+    assert pool.servers[busy_server].failed_checks == 2
+
+
+async def test_health_checks_that_time_out_eject_a_server_whose_models_another_serves(busy_server, serve):
+    other = await serve(answers)
+    pool = BackendPool([busy_server, other], timeout=5, connect_timeout=0.2, max_connections=4)
+    try:
+        assert await checked_twice(pool, busy_server) is False
+    finally:
+        await pool.close()
+
+
+async def test_health_checks_refused_eject_even_the_last_server():
+    refused = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    pool = BackendPool([refused], timeout=5, connect_timeout=0.2, max_connections=4)
+    try:
+        assert await checked_twice(pool, refused) is False
+    finally:
+        await pool.close()
