@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -86,11 +87,15 @@ class Upstream(asyncio.Protocol):
 
 def start(work: Path) -> tuple[ManagedProcess, int]:
     """This upstream as a child process on a free port (its log in `work`)."""
+    return start_child(work, lambda port: [__file__, "--port", str(port)], "fake upstream")
+
+
+def start_child(work: Path, arguments: Callable[[int], list[str]], name: str) -> tuple[ManagedProcess, int]:
+    """A benchmark's upstream script, run with `arguments(port)`, as a child process on a free port (its log
+    in `work`), once it answers."""
     return start_until_ready(
         lambda port: ManagedProcess(
-            [sys.executable, __file__, "--port", str(port)],
-            log_path=work / "upstream.log",
-            name="fake upstream",
+            [sys.executable, *arguments(port)], log_path=work / "upstream.log", name=name
         ),
         "/",
         host="127.0.0.1",

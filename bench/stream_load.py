@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+import fake_vllm
 import orjson
 from gateway_overhead import POSTGRES_URL, paths_for, postgres_schemas
 
 from testbed.launcher import GatewayProcess
-from testbed.process import ManagedProcess, start_until_ready
+from testbed.process import ManagedProcess
 
 PROMPT_TOKENS = 3200
 
@@ -121,25 +122,10 @@ class StreamingUpstream(asyncio.Protocol):
 
 
 def start_upstream(work: Path, tokens: int, pace_ms: float) -> tuple[ManagedProcess, int]:
-    return start_until_ready(
-        lambda port: ManagedProcess(
-            [
-                sys.executable,
-                __file__,
-                "--serve",
-                str(port),
-                "--tokens",
-                str(tokens),
-                "--pace-ms",
-                str(pace_ms),
-            ],
-            log_path=work / "upstream.log",
-            name="streaming upstream",
-        ),
-        "/",
-        host="127.0.0.1",
-        port=None,
-        timeout=30,
+    return fake_vllm.start_child(
+        work,
+        lambda port: [__file__, "--serve", str(port), "--tokens", str(tokens), "--pace-ms", str(pace_ms)],
+        "streaming upstream",
     )
 
 

@@ -234,8 +234,7 @@ def test_backend_without_token_endpoints_is_reported_and_served_in_pass_through(
 def exact_turns_then_several_choices(gateway, stream: bool) -> tuple[list[dict], list[list[int]]]:
     """A first turn that ends its reply, then a call with 3 choices extending it (streamed or whole): the
     stored turns, and each choice's ids as the agent received them."""
-    group = {"mode": "exact", "group_id": f"cut-{uuid.uuid4().hex[:8]}"}
-    rollout = httpx.post(gateway.url + "/rollouts", json=group, timeout=TIMEOUT).json()
+    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
     agent = sync_agent(rollout["base_url"])
     messages = [{"role": "user", "content": "Hi"}]
     answer = {"regex": "[a-z]{3,8}"}
@@ -279,8 +278,7 @@ def test_several_choices_in_exact_mode_each_extend_the_parent_exactly(
 
 
 def test_an_exact_reply_is_what_vllms_chat_endpoint_answers_for_the_same_prompt_ids(gateway, vllm):
-    group = {"mode": "exact", "group_id": f"cut-{uuid.uuid4().hex[:8]}"}
-    rollout = httpx.post(gateway.url + "/rollouts", json=group, timeout=TIMEOUT).json()
+    rollout = httpx.post(gateway.url + "/rollouts", json={"mode": "exact"}, timeout=TIMEOUT).json()
     agent = sync_agent(rollout["base_url"])
     messages = [{"role": "user", "content": "Hi"}]
     request = {"model": "tiny", "max_tokens": 12, "temperature": 1.0, "seed": 5, "logprobs": True}

@@ -231,12 +231,12 @@ def test_claude_codes_sub_agent_is_a_chain_of_its_own_and_the_main_conversation_
         for event in events
         if event["type"] == "assistant"
     ]
-    main_calls = [event["message"]["content"][0]["id"] for event in events if event["type"] == "assistant"]
+    call_ids = [event["message"]["content"][0]["id"] for event in events if event["type"] == "assistant"]
     assert calls == [
         (None, ["Agent"]),
-        (main_calls[0], ["Agent"]),
+        (call_ids[0], ["Agent"]),
         (None, ["Agent"]),
-        (main_calls[2], ["Agent"]),
+        (call_ids[2], ["Agent"]),
     ]
     assert (code, events[-1]["subtype"]) == (1, "error_max_turns")
     turns = stored_rollout(gateway, created["rollout_id"])["turns"]

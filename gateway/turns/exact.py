@@ -33,15 +33,10 @@ async def exact_prompt(ctx: TurnContext, capture: ChatCapture, body: dict[str, A
     """The turn's prompt: the plain render, spliced onto the parent's exact ids when the turn extends one."""
     record = capture.record
     render_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-
-    async def backend_render() -> list[int]:
-        rendered = await post_json(ctx.backends, capture, render_body, RENDER)
-        return list(rendered["token_ids"])
-
     # The store finds the parent during the render: the lookup costs the turn no time of its own.
     looked_up = asyncio.ensure_future(ctx.recorder.parent_of(record.rollout_id, body["messages"]))
     try:
-        rendered = await ctx.local_render.render(record.model, render_body, backend_render)
+        rendered = await _render(ctx, capture, render_body)
     except BaseException:
         looked_up.cancel()
         raise
@@ -63,6 +58,17 @@ async def exact_prompt(ctx: TurnContext, capture: ChatCapture, body: dict[str, A
     return list(prompt.tolist())
 
 
+async def _render(ctx: TurnContext, capture: ChatCapture, body: dict[str, Any]) -> list[int]:
+    """vLLM's render of a chat request's messages: in the gateway where it renders this model, else by the
+    backend."""
+
+    async def backend_render() -> list[int]:
+        rendered = await post_json(ctx.backends, capture, body, RENDER)
+        return list(rendered["token_ids"])
+
+    return await ctx.local_render.render(capture.record.model, body, backend_render)
+
+
 async def _closing(
     ctx: TurnContext, capture: ChatCapture, render_body: dict[str, Any], reply_at: int, plain: np.ndarray
 ) -> int | None:
@@ -78,13 +84,8 @@ async def _closing(
         "add_generation_prompt": False,
         "continue_final_message": True,
     }
-
-    async def backend_render() -> list[int]:
-        rendered = await post_json(ctx.backends, capture, body, RENDER)
-        return list(rendered["token_ids"])
-
     try:
-        open_reply = await ctx.local_render.render(capture.record.model, body, backend_render)
+        open_reply = await _render(ctx, capture, body)
     except ApiError:
         return None
     size = len(open_reply)
