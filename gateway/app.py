@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -44,6 +45,7 @@ from gateway.store.database import display_url, ensure_schema
 from gateway.store.records import Limits
 from gateway.store.status import Mode
 from gateway.store.store import Store
+from gateway.telemetry import TurnSpans
 from gateway.turns.context import TurnContext
 from gateway.turns.local_render import LocalRenders
 from gateway.turns.recording import Recorder
@@ -98,15 +100,19 @@ def create_app(
         # collector's sight, a full collection scans only what calls made since, and holds up the calls in
         # flight for a few milliseconds instead of a hundred.
         gc.freeze()
+        watch = asyncio.create_task(parts.metrics.watch_loop())
         try:
             yield
         finally:
+            watch.cancel()
             gc.unfreeze()
             await parts.replica.close()
             if own_backends:
                 await parts.backends.close()
             if own_store:
                 parts.store.close()
+            if parts.spans is not None:  # the last turns' spans: sending them can take the exporter's timeout
+                await asyncio.to_thread(parts.spans.shutdown)
 
     app = FastAPI(
         title="rl-gateway",
@@ -151,6 +157,7 @@ def backend_pool(settings: Settings) -> BackendPool:
         timeout=settings.backend_timeout,
         connect_timeout=settings.connect_timeout,
         max_connections=settings.max_connections,
+        max_queued=settings.max_queued,
         api_key=settings.backend_api_key.get_secret_value() if settings.backend_api_key else None,
     )
 
@@ -163,6 +170,8 @@ class Started:
     backends: BackendPool
     replica: Replica
     local_render: LocalRenders
+    metrics: Metrics
+    spans: TurnSpans | None = None
 
 
 def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) -> Started:
@@ -170,7 +179,10 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
     dependencies)."""
     metrics, traffic = Metrics(), Traffic(settings.pause_timeout)
     metrics.registry.register(FleetCollector(lambda: list(backends.servers.values())))
-    recorder = Recorder(store, metrics, settings.policy_version)
+    metrics.queued.set_function(lambda: backends.queued)
+    backends.waited = metrics.stage["queue"].observe
+    spans = TurnSpans(settings.otlp_endpoint) if settings.otlp_endpoint else None
+    recorder = Recorder(store, metrics, settings.policy_version, spans)
     replica = Replica(settings, store, backends, traffic, recorder, metrics)
     local_render = LocalRenders()
     app.state.tokens = Tokens(settings.control_token, settings.admin_token)
@@ -191,7 +203,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
     )
     app.state.admin = AdminContext(replica, backends, recorder)
     app.state.viewer = ViewerContext(store, TokenTexts(backends))
-    return Started(store, backends, replica, local_render)
+    return Started(store, backends, replica, local_render, metrics, spans)
 
 
 def warn_if_exposed(settings: Settings) -> None:

@@ -67,6 +67,7 @@ _BACKEND_STATUS = {
     "timeout": (504, "backend_timeout"),
     "unreachable": (503, "backend_unavailable"),
     "busy": (503, "backend_busy"),
+    "queue_full": (503, "queue_full"),
     "failed": (502, "backend_error"),
 }
 _CONTEXT_TOO_LONG = ("maximum context length", "longer than the maximum model length")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -40,6 +42,33 @@ class Metrics:
             "Store transactions committed (turns share them).",
             registry=self.registry,
         )
+        stages = Histogram(
+            "gateway_stage_seconds",
+            "Seconds an agent call spends in each stage: admission (its arrival to its departure: the "
+            "rollout's state, the body read and checked, a pause), queue (waiting for a backend connection), "
+            "render (exact mode's prompt, a context limit's count), upstream (sent, queue included, to the "
+            "first token or the whole reply), relay (first token to last), commit (the store transaction).",
+            ["stage"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 300),
+            registry=self.registry,
+        )
+        self.stage = {name: stages.labels(stage=name) for name in STAGES}
+        """Each stage's histogram, looked up once."""
+        self.relayed = Counter(
+            "gateway_relayed_tokens",
+            "Sampled tokens streamed to agents, counted as they pass.",
+            registry=self.registry,
+        )
+        self.queued = Gauge(
+            "gateway_calls_queued", "Agent calls waiting for a backend connection.", registry=self.registry
+        )
+        self.loop_lag = Histogram(
+            "gateway_event_loop_lag_seconds",
+            f"How late the event loop ran a timer due every {LAG_INTERVAL:g} s: how long work that is ready "
+            "waits for the loop (every call's every step does).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, int], tuple[Counter, Histogram, Counter, Counter]] = {}
 
     def call(
@@ -61,6 +90,17 @@ class Metrics:
         prompt.inc(prompt_tokens)
         completion.inc(completion_tokens)
 
+    async def watch_loop(self) -> None:
+        """Measure the event loop's lag until cancelled: a timer's lateness is what any ready task waits."""
+        while True:
+            due = time.perf_counter() + LAG_INTERVAL
+            await asyncio.sleep(LAG_INTERVAL)
+            self.loop_lag.observe(max(0.0, time.perf_counter() - due))
+
+
+STAGES = ("admission", "queue", "render", "upstream", "relay", "commit")
+LAG_INTERVAL = 0.25
+"""Seconds between two measures of the event loop's lag."""
 
 Samples = dict[str, list[tuple[str, dict[str, str], float]]]
 """A registry's samples by metric family: (sample name, labels, value)."""

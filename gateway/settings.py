@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib.util
 import json
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gateway.store.database import check_url, is_sqlite
 from gateway.store.status import Mode
+from gateway.telemetry import missing_packages
 from gateway.turns.sampling import Sampling
 
 
@@ -41,7 +43,17 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, description="Largest accepted request body.")
     backend_timeout: float = Field(default=600.0, description="Seconds to wait for a backend reply.")
     connect_timeout: float = Field(default=5.0, description="Seconds to wait for a backend connection.")
-    max_connections: int = Field(default=1024, description="Connection pool size towards the backends.")
+    max_connections: int = Field(
+        default=1024,
+        ge=1,
+        description="Calls each backend takes at once (one connection each); more wait in a queue.",
+    )
+    max_queued: int = Field(
+        default=4096,
+        ge=0,
+        description="Calls that may wait for a backend connection, all backends together; past that, a "
+        "call is answered 503 with retry-after (clients retry it).",
+    )
     mode: Mode = Field(
         default=Mode.PASSTHROUGH,
         description="exact: splice each turn's prompt onto the exact ids of the turn it extends (needs "
@@ -102,6 +114,12 @@ class Settings(BaseSettings):
         default=True,
         description="Log one info line per HTTP call (gateway.access): method, path, status, latency to the "
         "last byte, rollout.",
+    )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP traces URL of an OpenTelemetry collector (e.g. "
+        "http://collector:4318/v1/traces): each turn becomes a span (GenAI semantic conventions), sent "
+        "there; needs the otel extra. Unset: no traces.",
     )
     workers: int = Field(
         default=1,
@@ -181,6 +199,20 @@ class Settings(BaseSettings):
                 "vLLM's renderer runs in the gateway's process: install vLLM beside the gateway (the "
                 "backend's version; rl-gateway[engine] on CPU)"
             )
+        return value
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _traces_exportable(cls, value: str | None) -> str | None:
+        """Said at start-up, in one line, rather than by a failed export at the first turn."""
+        if value is None:
+            return value
+        url = urlsplit(value)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError("not an http(s) URL (e.g. http://collector:4318/v1/traces)")
+        missing = missing_packages()
+        if missing is not None:
+            raise ValueError(missing)
         return value
 
     @field_validator("backend", mode="before")

@@ -33,15 +33,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway.replicas",),
     ("gateway.settings", "gateway.logs"),
     ("gateway.turns",),
-    ("gateway.errors", "gateway.ids", "gateway.auth"),
+    ("gateway.errors", "gateway.ids", "gateway.auth", "gateway.telemetry"),
     ("gateway.fleet",),
     ("gateway.store",),
     ("gateway.encoding", "gateway.metrics", "gateway"),
 )
 """The gateway's layers, top first: the APIs (the agents' dialects, the control, admin and viewer APIs) over
-the replicas (the gateway's processes), over the turn path, over its errors and keys, over the vLLM servers
-(the fleet), over the store, over the core types. A name is a module or a package with everything under it;
-`gateway` alone is the package's own `__init__`."""
+the replicas (the gateway's processes), over the turn path, over its errors, keys and traces, over the vLLM
+servers (the fleet), over the store, over the core types. A name is a module or a package with everything
+under it; `gateway` alone is the package's own `__init__`."""
 READ_CONTRACT = (
     "gateway.store.schema",
     "gateway.store.database",

@@ -214,6 +214,13 @@ def sent_back(message: Any) -> dict[str, Any]:
     return {"role": "assistant", "content": message.content}
 
 
+def metric(gateway: Any, sample: str) -> float:
+    """One sample of the gateway's /metrics, named with its labels as Prometheus writes them; 0 if absent."""
+    lines = httpx.get(f"{gateway.url}/metrics", timeout=TIMEOUT).text.splitlines()
+    found = next((line for line in lines if line.startswith(sample + " ")), None)
+    return float(found.rpartition(" ")[2]) if found is not None else 0.0
+
+
 def wait_for(condition: Callable[[], object], what: str = "the condition") -> None:
     """Return once `condition()` is true; fail after the suite's deadline."""
     deadline = time.monotonic() + DEADLINE

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from support import TIMEOUT, admin, stored_rollout, sync_agent, wait_for
+from support import TIMEOUT, admin, metric, stored_rollout, sync_agent, wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -46,11 +46,6 @@ def both_served(gateway: Any) -> bool:
     """Whether each worker has served a call, as the one answering sees it (the other's count is that of its
     last heartbeat)."""
     return all(by_worker(gateway, "requests").values())
-
-
-def metric(gateway: Any, sample: str) -> float:
-    lines = httpx.get(f"{gateway.url}/metrics", timeout=TIMEOUT).text.splitlines()
-    return float(next(line for line in lines if line.startswith(sample + " ")).rpartition(" ")[2])
 
 
 def test_both_workers_serve_and_the_gateway_counts_their_calls_once(workers):

@@ -42,9 +42,10 @@ _STREAM = event_stream(
 )
 async def messages(rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)) -> Response:
     """Anthropic Messages, translated to a chat call on the rollout's vLLM server and recorded as a turn."""
+    received = time.perf_counter()
     check_rollout_id(rollout_id)
     rollout = await admit(ctx, request, rollout_id)
-    call = await read_call(request, ctx.max_body_bytes, MessagesRequest)
+    call = await read_call(request, ctx.max_body_bytes, received, MessagesRequest)
     chat = to_chat(call.body)
     call = replace(call, body=chat, parsed=validated(ChatCompletionRequest, chat), dialect="messages")
     return await forward(ctx, rollout_id, rollout, ChatCapture, call, AnthropicWire())
@@ -57,7 +58,7 @@ async def count_tokens(
     """The prompt's tokens as the served model's own template and tokenizer count them (vLLM's /tokenize)."""
     check_rollout_id(rollout_id)
     await admit(ctx, request, rollout_id)
-    call = await read_call(request, ctx.max_body_bytes, CountTokensRequest)
+    call = await read_call(request, ctx.max_body_bytes, time.perf_counter(), CountTokensRequest)
     chat = to_chat({**call.body, "max_tokens": 1})
     record = TurnRecord(
         rollout_id, "messages/count_tokens", chat["model"], False, ctx.recorder.policy_version, time.time()

@@ -8,6 +8,7 @@ bench/gateway_overhead.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 
 _UNWRITTEN = "Can not write request body"
 """How aiohttp words a request whose body could not be sent: the server cannot have acted on it."""
+_CONTROL_CONNECTIONS = 8
+"""Connections to each server beyond the calls' own, for health checks and the fleet's control calls (pause,
+weights): they never wait behind agent calls."""
 
 
 class ServerLost(aiohttp.ClientConnectionError):
@@ -41,11 +45,19 @@ class BackendPool:
         timeout: float,
         connect_timeout: float,
         max_connections: int,
+        max_queued: int,
         api_key: str | None = None,
         eject_after: int = 2,
     ) -> None:
         if not urls:
             raise ValueError("at least one backend URL is required")
+        self.max_connections = max_connections
+        """Calls each server holds a connection for at once; more wait in the queue."""
+        self.max_queued = max_queued
+        self.queued = 0
+        """Calls waiting for a connection to their server, all servers together."""
+        self.waited: Callable[[float], None] = lambda _seconds: None
+        """Called with the seconds each call waited for a connection (the metrics' queue stage)."""
         self.servers: dict[str, Server] = {}
         for url in urls:
             self.add(url, healthy=True)
@@ -59,7 +71,9 @@ class BackendPool:
         self._session = aiohttp.ClientSession(
             # Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are
             # reused.
-            connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=4.0),
+            connector=aiohttp.TCPConnector(
+                limit=0, limit_per_host=max_connections + _CONTROL_CONNECTIONS, keepalive_timeout=4.0
+            ),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout),
             # The gateway's own credentials (vLLM's --api-key); an agent's are never forwarded.
             headers={"authorization": f"Bearer {api_key}"} if api_key else None,
@@ -74,7 +88,8 @@ class BackendPool:
         url = url.rstrip("/")
         server = self.servers.get(url)
         if server is None:
-            server = self.servers[url] = Server(url, healthy=healthy, added_at=time.time())
+            connections = asyncio.Semaphore(self.max_connections)
+            server = self.servers[url] = Server(url, healthy, added_at=time.time(), connections=connections)
             log.info("backend %s added", url)
         return server
 
@@ -96,13 +111,15 @@ class BackendPool:
         to another one (the request never reached it). A server slow to accept one is busy, not dead: it
         stays, and the call is refused for its client to retry.
 
-        Raises BackendFailure: unreachable when no server accepts a connection, busy, timeout, or failed.
+        Raises BackendFailure: unreachable when no server accepts a connection, busy, queue_full, timeout,
+        or failed.
         """
         moved_from: str | None = None
         last_error: Exception | None = None
         for _ in range(len(self.servers)):
             server, left = await self.route(rollout_id, model)
             moved_from = moved_from or left
+            await self._connection(server)
             started = time.monotonic()
             server.in_flight += 1
             server.requests += 1
@@ -110,6 +127,9 @@ class BackendPool:
                 response = await self._post(
                     server.url + path, data=body, headers={"content-type": "application/json"}
                 )
+            except asyncio.CancelledError:
+                _left(server)
+                raise
             except aiohttp.ConnectionTimeoutError as exc:  # before ClientConnectorError: not a refusal
                 self._failed(server)
                 raise BackendFailure(
@@ -142,8 +162,30 @@ class BackendPool:
         message = f"no backend reachable ({', '.join(self.servers)}): {last_error!r}"
         raise BackendFailure("unreachable", message) from last_error
 
+    async def _connection(self, server: Server) -> None:
+        """Take one of the server's connections, waiting in the queue while all are busy. Past `max_queued`
+        waiting calls the call is refused: an overloaded fleet answers 503 with retry-after, which clients
+        retry, rather than holding calls without bound."""
+        if not server.connections.locked():
+            await server.connections.acquire()  # free: returns at once
+            return
+        if self.queued >= self.max_queued:
+            raise BackendFailure(
+                "queue_full",
+                f"{self.queued} calls already wait for a connection to a backend (--max-queued "
+                f"{self.max_queued}); retry",
+                server.url,
+            )
+        self.queued += 1
+        started = time.monotonic()
+        try:
+            await server.connections.acquire()
+        finally:
+            self.queued -= 1
+            self.waited(time.monotonic() - started)
+
     def _failed(self, server: Server) -> None:
-        server.in_flight -= 1
+        _left(server)
         server.errors += 1
 
     def _eject(self, server: Server, why: str) -> None:
@@ -279,4 +321,6 @@ class BackendPool:
 
 
 def _left(server: Server) -> None:
+    """The call gave its connection back."""
     server.in_flight -= 1
+    server.connections.release()

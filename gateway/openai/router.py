@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -74,8 +75,9 @@ _STREAM = {
 }
 
 
-async def read_call(request: Request, max_bytes: int, model: type[BaseModel]) -> AgentCall:
-    """The request body parsed once, checked against `model` (forwarded as sent, not as parsed)."""
+async def read_call(request: Request, max_bytes: int, received: float, model: type[BaseModel]) -> AgentCall:
+    """The request body parsed once, checked against `model` (forwarded as sent, not as parsed); `received`
+    is when the route began (`time.perf_counter`)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"request body exceeds {max_bytes} bytes", "request_too_large")
@@ -91,7 +93,8 @@ async def read_call(request: Request, max_bytes: int, model: type[BaseModel]) ->
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
     parsed = validated(model, body)
-    return AgentCall(body, parsed, hashlib.blake2b(raw, digest_size=16).hexdigest(), _attempt(request))
+    request_hash = hashlib.blake2b(raw, digest_size=16).hexdigest()
+    return AgentCall(body, parsed, request_hash, _attempt(request), received)
 
 
 def validated(model: type[ModelT], body: dict[str, Any]) -> ModelT:
@@ -116,9 +119,10 @@ _RETRY_DIGITS = 9
 async def _agent_call(
     rollout_id: str, request: Request, ctx: TurnContext, model: type[BaseModel], capture: type[TurnCapture]
 ) -> Response:
+    received = time.perf_counter()
     check_rollout_id(rollout_id)
     rollout = await admit(ctx, request, rollout_id)
-    call = await read_call(request, ctx.max_body_bytes, model)
+    call = await read_call(request, ctx.max_body_bytes, received, model)
     return await forward(ctx, rollout_id, rollout, capture, call, OpenAIWire())
 
 
@@ -175,7 +179,7 @@ clients strip `/v1` to reach them). They record nothing: they generate nothing."
 async def _token_route(rollout_id: str, request: Request, ctx: TurnContext, path: str) -> Response:
     check_rollout_id(rollout_id)
     await admit(ctx, request, rollout_id)
-    call = await read_call(request, ctx.max_body_bytes, TokenRouteRequest)
+    call = await read_call(request, ctx.max_body_bytes, time.perf_counter(), TokenRouteRequest)
     try:
         routed = await ctx.backends.send(rollout_id, path, dumps(call.body), call.body.get("model"))
     except BackendFailure as exc:

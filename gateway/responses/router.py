@@ -47,9 +47,10 @@ async def create_response(
     rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
 ) -> Response:
     """OpenAI Responses, translated to a chat call on the rollout's vLLM server and recorded as a turn."""
+    received = time.perf_counter()
     check_rollout_id(rollout_id)
     rollout = await admit(ctx, request, rollout_id)
-    call = await read_call(request, ctx.max_body_bytes, ResponsesRequest)
+    call = await read_call(request, ctx.max_body_bytes, received, ResponsesRequest)
     body = call.body
     history: list[dict[str, Any]] = []
     previous = body.get("previous_response_id")

@@ -81,6 +81,10 @@ class TurnCapture:
         self.sent_prompt: np.ndarray | None = None
         """The prompt exact mode gave vLLM as ids, to check against the one vLLM reports it used."""
 
+    def sampled(self) -> int:
+        """Completion tokens captured so far, all choices together."""
+        return sum(len(choice.completion_ids) for choice in self.choices.values())
+
     def choice(self, index: int = 0) -> Choice:
         found = self.choices.get(index)
         if found is None:

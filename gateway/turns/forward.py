@@ -26,6 +26,7 @@ from gateway.turns.admission import prompt_tokens as count_prompt
 from gateway.turns.capture import Asked, ChatCapture, TurnCapture
 from gateway.turns.context import TurnContext
 from gateway.turns.exact import exact_prompt, with_prompt
+from gateway.turns.recording import Recorder
 from gateway.turns.relay import RelayResponse, StreamFailure, relay
 from gateway.turns.sampling import imposed, merged
 from gateway.turns.sse import sse_batches
@@ -41,6 +42,8 @@ class AgentCall:
     parsed: BaseModel
     request_hash: str
     attempt: int
+    received: float
+    """When its route began (`time.perf_counter`): the admission stage ends when the call leaves."""
     dialect: str | None = None
     """The wire format the agent spoke when it is not the engine's own (`messages`, `responses`): the turn's
     endpoint."""
@@ -92,6 +95,7 @@ async def forward(
 ) -> Response:
     await ctx.traffic.enter()
     ctx.recorder.in_flight(+1)
+    ctx.recorder.timed("admission", call.received)
     streaming = False
     sampling = merged(ctx.sampling, rollout.sampling if rollout is not None else None)
     call = replace(call, body=imposed(call.body, sampling))
@@ -136,10 +140,12 @@ async def _turn(
         and isinstance(capture, ChatCapture)
         and await ctx.backends.exact_capable(capture.record.rollout_id, capture.record.model)
     )
+    started = time.perf_counter()
     if exact:
         assert isinstance(capture, ChatCapture)
         prompt = await exact_prompt(ctx, capture, call.body)
         with_prompt(upstream, prompt)
+        ctx.recorder.timed("render", started)
         if limits.max_context_tokens is not None:
             cap_reply(upstream, check_context_limit(len(prompt), limits.max_context_tokens))
     elif given is not None:
@@ -148,12 +154,14 @@ async def _turn(
             cap_reply(upstream, check_context_limit(len(given), limits.max_context_tokens))
     elif limits.max_context_tokens is not None:
         counted = await count_prompt(ctx, capture, call.body)
+        ctx.recorder.timed("render", started)
         cap_reply(upstream, check_context_limit(counted, limits.max_context_tokens))
+    sent = time.perf_counter()
     if call.stream:
         reply = await send(ctx.backends, capture, upstream)
-        chunks = _chunks(capture, reply, asked, wire)
+        chunks = _chunks(ctx.recorder, capture, reply, asked, wire, sent)
         return RelayResponse(relay(ctx.recorder, capture, reply, chunks, wire))
-    return await _whole(ctx, capture, upstream, asked, wire)
+    return await _whole(ctx, capture, upstream, asked, wire, sent)
 
 
 async def _counted(ctx: TurnContext, chunks: AsyncIterable[Any]) -> AsyncIterator[Any]:
@@ -171,13 +179,14 @@ def _leave(ctx: TurnContext) -> None:
 
 
 async def _whole(
-    ctx: TurnContext, capture: TurnCapture, upstream: dict[str, Any], asked: Asked, wire: Wire
+    ctx: TurnContext, capture: TurnCapture, upstream: dict[str, Any], asked: Asked, wire: Wire, sent: float
 ) -> Response:
     reply = await send(ctx.backends, capture, upstream)
     try:
         raw = await reply.body()
     except BackendStreamError as exc:
         raise ApiError(502, str(exc), "backend_error") from None
+    ctx.recorder.timed("upstream", sent)
     payload = capture.feed_reply(raw, asked)
     records = capture.finish()
     for record in records:
@@ -189,20 +198,25 @@ async def _whole(
 
 
 async def _chunks(
-    capture: TurnCapture, reply: BackendReply, asked: Asked, wire: Wire
+    recorder: Recorder, capture: TurnCapture, reply: BackendReply, asked: Asked, wire: Wire, sent: float
 ) -> AsyncIterator[bytes]:
     """vLLM's chunks as they arrive, captured, then stripped of what the gateway injected. The events one
     network read completes go to the agent in one write: under load several tokens of a stream arrive
     together, and each write costs the relay's whole path down to the socket."""
     record = capture.record
+    first = 0.0
+    sampled = 0
     try:
         async for batch in sse_batches(reply.chunks()):
             if record.first_token_at is None:
                 record.first_token_at = time.time()
+                recorder.timed("upstream", sent)
+                first = time.perf_counter()
             relayed: list[bytes] = []
             try:
                 for data in batch:
                     if data == b"[DONE]":
+                        recorder.timed("relay", first)
                         return
                     chunk = orjson.loads(data)
                     if "error" in chunk and "choices" not in chunk:
@@ -213,6 +227,9 @@ async def _chunks(
                     if not capture.carries_nothing(chunk, asked):
                         relayed.append(wire.chunk(chunk))
             finally:
+                now = capture.sampled()
+                recorder.relayed(now - sampled)
+                sampled = now
                 if relayed:  # what came before the end or a failure reaches the agent first
                     yield b"".join(relayed)
     except BackendStreamError as exc:

@@ -1,5 +1,6 @@
-"""Where every turn's outcome goes: the store (a call's turns commit together), the metrics, and the policy
-version the turn finished under. Every status a turn can end with is written here, and only here."""
+"""Where every turn's outcome goes: the store (a call's turns commit together), the metrics, the traces,
+and the policy version the turn finished under. Every status a turn can end with is written here, and only
+here."""
 
 from __future__ import annotations
 
@@ -14,20 +15,32 @@ from gateway.store.lineage import Node
 from gateway.store.records import RolloutState, StoreError, TurnRecord
 from gateway.store.status import Limit, TurnStatus
 from gateway.store.store import Store
+from gateway.telemetry import TurnSpans
 from gateway.turns.capture import TurnCapture
 
 log = logging.getLogger(__name__)
 
 
 class Recorder:
-    def __init__(self, store: Store, metrics: Metrics, policy_version: str) -> None:
+    def __init__(
+        self, store: Store, metrics: Metrics, policy_version: str, spans: TurnSpans | None = None
+    ) -> None:
         self._store = store
         self._metrics = metrics
+        self.spans = spans
+        """Each ended turn's trace span, with --otlp-endpoint."""
         self.policy_version = policy_version
         """Stamped on every new turn; the admin API changes it when the trainer publishes weights."""
 
     def in_flight(self, change: int) -> None:
         self._metrics.in_flight.inc(change)
+
+    def timed(self, stage: str, since: float) -> None:
+        """A call spent the time since `since` (`time.perf_counter`) in `stage` (`gateway.metrics.STAGES`)."""
+        self._metrics.stage[stage].observe(time.perf_counter() - since)
+
+    def relayed(self, tokens: int) -> None:
+        self._metrics.relayed.inc(tokens)
 
     async def rollout_state(self, rollout_id: str) -> RolloutState | None:
         return await self._store.rollout_state(rollout_id)
@@ -44,6 +57,7 @@ class Recorder:
         for record in records:
             if record.policy_version_end is None:  # a whole reply ends as it commits
                 record.policy_version_end = self.policy_version
+        started = time.perf_counter()
         try:
             await self._store.writer.insert_turns(records)
         except StoreError:
@@ -51,6 +65,7 @@ class Recorder:
         except Exception as exc:
             log.exception("could not commit turn of rollout %s", records[0].rollout_id)
             raise StoreUnavailable(exc) from exc
+        self.timed("commit", started)
         for record in records:
             self._account(record, 200)
 
@@ -99,6 +114,8 @@ class Recorder:
             record.prompt_ids.shape[0],
             record.completion_ids.shape[0],
         )
+        if self.spans is not None:
+            self.spans.record(record)
 
 
 def _log_failure(future: asyncio.Future[Any]) -> None:

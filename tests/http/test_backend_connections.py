@@ -85,7 +85,7 @@ async def pool_of() -> AsyncIterator[Callable[..., BackendPool]]:
     pools: list[BackendPool] = []
 
     def make(*urls: str) -> BackendPool:
-        pools.append(BackendPool(list(urls), timeout=5, connect_timeout=1, max_connections=4))
+        pools.append(BackendPool(list(urls), timeout=5, connect_timeout=1, max_connections=4, max_queued=16))
         return pools[-1]
 
     yield make
@@ -169,7 +169,7 @@ def busy_server() -> Iterator[str]:
 async def test_a_server_too_busy_to_accept_a_connection_stays_in_the_fleet_and_the_call_is_refused_to_retry(
     busy_server,
 ):
-    pool = BackendPool([busy_server], timeout=5, connect_timeout=UNANSWERED, max_connections=4)
+    pool = BackendPool([busy_server], timeout=5, connect_timeout=UNANSWERED, max_connections=4, max_queued=16)
     try:
         with pytest.raises(BackendFailure) as refused:
             await pool.send("r", "/v1/chat/completions", b"{}")
@@ -191,7 +191,7 @@ async def checked_twice(pool: BackendPool, url: str) -> bool | None:
 
 
 async def test_health_checks_that_time_out_do_not_eject_the_last_server_of_a_model(busy_server):
-    pool = BackendPool([busy_server], timeout=5, connect_timeout=UNANSWERED, max_connections=4)
+    pool = BackendPool([busy_server], timeout=5, connect_timeout=UNANSWERED, max_connections=4, max_queued=16)
     try:
         assert await checked_twice(pool, busy_server) is None  # no change: it stays in service
     finally:
@@ -201,7 +201,9 @@ async def test_health_checks_that_time_out_do_not_eject_the_last_server_of_a_mod
 
 async def test_health_checks_that_time_out_eject_a_server_whose_models_another_serves(busy_server, serve):
     other = await serve(answers)
-    pool = BackendPool([busy_server, other], timeout=5, connect_timeout=UNANSWERED, max_connections=4)
+    pool = BackendPool(
+        [busy_server, other], timeout=5, connect_timeout=UNANSWERED, max_connections=4, max_queued=16
+    )
     try:
         assert await checked_twice(pool, busy_server) is False
     finally:
@@ -210,7 +212,7 @@ async def test_health_checks_that_time_out_eject_a_server_whose_models_another_s
 
 async def test_health_checks_refused_eject_even_the_last_server():
     refused = f"http://127.0.0.1:{free_port()}"  # nothing listens there: refused at once, however slow
-    pool = BackendPool([refused], timeout=5, connect_timeout=60, max_connections=4)
+    pool = BackendPool([refused], timeout=5, connect_timeout=60, max_connections=4, max_queued=16)
     try:
         assert await checked_twice(pool, refused) is False
     finally:

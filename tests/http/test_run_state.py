@@ -54,7 +54,7 @@ async def start_worker(tmp_path: Path, empty_store: Path) -> AsyncIterator[Calla
             )
             store = Store(settings.db)
             stack.callback(store.close)
-            pool = BackendPool([A, B], timeout=5, connect_timeout=1, max_connections=4)
+            pool = BackendPool([A, B], timeout=5, connect_timeout=1, max_connections=4, max_queued=16)
             stack.push_async_callback(pool.close)
             app = create_app(settings, store=store, backends=pool)
             await stack.enter_async_context(app.router.lifespan_context(app))

@@ -116,7 +116,11 @@ async def placing(tmp_path: Path) -> AsyncIterator[tuple[BackendPool, Store]]:
     ensure_schema(url)
     store = Store(url)
     pool = BackendPool(
-        ["http://s0", "http://s1", "http://s2"], timeout=5, connect_timeout=5, max_connections=8
+        ["http://s0", "http://s1", "http://s2"],
+        timeout=5,
+        connect_timeout=5,
+        max_connections=8,
+        max_queued=16,
     )
     pool.placement.pin_store = store.pin
     try:
