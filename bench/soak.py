@@ -1,13 +1,25 @@
 """Load and soak: many concurrent agent sessions for minutes, against a vLLM-shaped upstream that answers
-instantly (bench/fake_vllm.py), on SQLite and PostgreSQL.
+instantly, on SQLite and PostgreSQL.
 
     scripts/dev shell -c 'python bench/soak.py --minutes 10 --sessions 500 --turns 20'
+    scripts/dev shell -c 'python bench/soak.py --store postgresql --workers 2 --stream --sessions 2000 \\
+                          --minutes 10 --turns 20 --reply-tokens 64'
 
 Each session creates a rollout, makes `--turns` chat calls of a growing conversation (each request sends the
 history back with the previous reply, as agents do), finishes the rollout with a reward, and starts over,
-until the time is up. Reported per store: errors (must be 0), turns answered against turns stored (must be
-equal), p50/p99 latency per call, calls per second, and the gateway's resident memory at the start, the
-middle and the end of the run (must stay flat).
+until the time is up (a rollout the deadline interrupts is finished early). The upstream is
+bench/fake_vllm.py (64 tokens a reply) or, with `--stream`, bench/stream_load.py's streaming upstream
+(`--reply-tokens` a reply, one chunk per token, with ids and logprobs as vLLM sends them); a streamed call
+counts as answered only with status 200, the stream's `data: [DONE]` and no error event. With `--workers N`
+the gateway runs as `gateway serve --workers N` (PostgreSQL only) and its memory is the sum over its worker
+processes.
+
+Reported per store: errors (must be 0, with their status and message), turns answered against turns stored
+with status ok (must be equal), p50/p99 latency per call (the whole call; streamed, also the time to the
+first token), calls and tokens per second, and the gateway's resident memory after the warm-up
+(`--warmup-seconds`), in the middle and at the end of the run (must stay flat: the end within 10% of the
+value after the warm-up). A progress line every 15 s. Load generator, upstream and gateway share the
+machine's cores.
 """
 
 from __future__ import annotations
@@ -15,31 +27,44 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
+import resource
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import fake_vllm
 import orjson
 import sqlalchemy as sa
+import stream_load
 
 from gateway.store.database import make_engine
 from testbed.launcher import GatewayProcess
 
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 SYSTEM = "You are a coding agent. " + " ".join(f"word{i % 97}" for i in range(1400))
-REPLY = {"role": "assistant", "content": "x" * 200}  # what the upstream answers, sent back by the agent
+FLAT = 0.10
+"""How much the gateway's memory may grow from the end of the warm-up to the end of the run."""
+PROGRESS_SECONDS = 15.0
 
 
 @dataclass
 class Tally:
     answered: int = 0
     errors: int = 0
+    tokens: int = 0
     latencies: list[float] = field(default_factory=list)
+    first_token: list[float] = field(default_factory=list)
+    kinds: Counter[str] = field(default_factory=Counter)
+    """Each error's kind (status and message) and how often it happened."""
+
+    def error(self, kind: str) -> None:
+        self.errors += 1
+        self.kinds[kind[:300]] += 1
 
 
 class Connection:
@@ -49,78 +74,205 @@ class Connection:
         self.port = port
 
     async def open(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+    def close(self) -> None:
+        self.writer.close()
+
+    async def request(self, path: str, body: bytes) -> tuple[int, dict[bytes, bytes]]:
+        """Send a POST; its status and headers (lower-cased names)."""
         head = (
             f"POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\n\r\n"
         )
         self.writer.write(head.encode() + body)
-        status = int((await self.reader.readline()).split()[1])
-        length = 0
+        line = await self.reader.readline()
+        if not line:
+            raise ConnectionResetError("the gateway closed the connection")
+        status = int(line.split()[1])
+        headers = {}
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":")[1])
-        return status, await self.reader.readexactly(length)
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        return status, headers
+
+    async def body(self, headers: dict[bytes, bytes]) -> bytes:
+        if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+            return b"".join([chunk async for chunk in self.chunks()])
+        return await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """A chunked body's chunks, up to the terminating 0-size chunk."""
+        while True:
+            size = int((await self.reader.readline()).split(b";")[0].strip(), 16)
+            if size == 0:
+                while await self.reader.readline() not in (b"\r\n", b""):  # trailers
+                    pass
+                return
+            data = await self.reader.readexactly(size + 2)
+            yield data[:-2]
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        status, headers = await self.request(path, body)
+        return status, await self.body(headers)
+
+    async def stream(self, path: str, body: bytes, tally: Tally, started: float) -> str | None:
+        """A streamed call: None when answered (200, `[DONE]`, no error event), else what went wrong. Counts
+        the tokens received (events that carry content) and the time to the first one."""
+        status, headers = await self.request(path, body)
+        if status != 200 or b"chunked" not in headers.get(b"transfer-encoding", b""):
+            return f"{status}: {(await self.body(headers))[:200].decode(errors='replace')}"
+        done = False
+        error: str | None = None
+        tokens = 0
+        tail = b""
+        async for data in self.chunks():
+            content = data.count(b'"content":"') - data.count(b'"content":""')
+            if content and not tokens:
+                tally.first_token.append((time.perf_counter() - started) * 1000)
+            tokens += content
+            events = tail + data
+            if b'data: {"error"' in events:
+                at = events.index(b'data: {"error"')
+                error = "200, error event: " + events[at + 6 : events.find(b"\n", at)].decode(
+                    errors="replace"
+                )
+            done = done or b"data: [DONE]" in events
+            tail = events[-16:]
+        tally.tokens += tokens
+        if error:
+            return error
+        return None if done else "200 without data: [DONE]"
 
 
-async def session(port: int, turns: int, deadline: float, tally: Tally) -> None:
+async def session(port: int, args: argparse.Namespace, deadline: float, tally: Tally) -> None:
+    reply = {"role": "assistant", "content": "x" * (args.reply_tokens if args.stream else 200)}
     connection = Connection(port)
     await connection.open()
     while time.monotonic() < deadline:
-        status, created = await connection.post("/rollouts", orjson.dumps({"group_id": uuid.uuid4().hex[:8]}))
-        if status != 201:
-            tally.errors += 1
-            continue
-        rollout = orjson.loads(created)["rollout_id"]
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix the bug."}]
-        for _ in range(turns):
-            body = orjson.dumps({"model": "tiny", "messages": messages, "max_tokens": 64})
-            started = time.perf_counter()
-            status, _ = await connection.post(f"/rollouts/{rollout}/v1/chat/completions", body)
-            tally.latencies.append((time.perf_counter() - started) * 1000)
-            if status == 200:
-                tally.answered += 1
-            else:
-                tally.errors += 1
-            messages = [*messages, REPLY, {"role": "user", "content": "Continue."}]
-        status, _ = await connection.post(f"/rollouts/{rollout}/finish", b'{"reward": 1.0}')
-        tally.errors += status != 200
-    connection.writer.close()
+        try:
+            status, created = await connection.post(
+                "/rollouts", orjson.dumps({"group_id": uuid.uuid4().hex[:8]})
+            )
+            if status != 201:
+                tally.error(f"POST /rollouts {status}: {created[:200].decode(errors='replace')}")
+                await asyncio.sleep(1.0)
+                continue
+            rollout = orjson.loads(created)["rollout_id"]
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix the bug."}]
+            path = f"/rollouts/{rollout}/v1/chat/completions"
+            for _ in range(args.turns):
+                if time.monotonic() >= deadline:
+                    break
+                request = {"model": "tiny", "messages": messages, "max_tokens": args.reply_tokens}
+                started = time.perf_counter()
+                if args.stream:
+                    failure = await connection.stream(
+                        path, orjson.dumps({**request, "stream": True}), tally, started
+                    )
+                else:
+                    status, answer = await connection.post(path, orjson.dumps(request))
+                    failure = None if status == 200 else f"{status}: {answer[:200].decode(errors='replace')}"
+                tally.latencies.append((time.perf_counter() - started) * 1000)
+                if failure is None:
+                    tally.answered += 1
+                else:
+                    tally.error(f"chat {failure}")
+                messages = [*messages, reply, {"role": "user", "content": "Continue."}]
+            status, finished = await connection.post(f"/rollouts/{rollout}/finish", b'{"reward": 1.0}')
+            if status != 200:
+                tally.error(f"finish {status}: {finished[:200].decode(errors='replace')}")
+        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as exc:
+            tally.error(f"connection: {exc!r}")
+            connection.close()
+            await asyncio.sleep(1.0)
+            await connection.open()
+    connection.close()
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return float("nan")
 
 
-async def soak(gateway: GatewayProcess, args: argparse.Namespace) -> tuple[Tally, list[float]]:
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (a `--workers` supervisor's workers)."""
+    found: set[int] = set()
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found.update(int(c) for c in (task / "children").read_text().split())
+        return sorted(found)
+    except OSError:  # no /proc/<pid>/task/*/children (CONFIG_PROC_CHILDREN): walk /proc
+        pass
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.add(int(entry.name))
+    return sorted(found)
+
+
+def workers(gateway: GatewayProcess, count: int) -> list[int]:
+    """The processes serving calls: the gateway itself, or its workers (not multiprocessing's helpers)."""
+    if count <= 1:
+        return [gateway.pid]
+    pids = []
+    for pid in children(gateway.pid):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"resource_tracker" not in command:
+            pids.append(pid)
+    return pids
+
+
+def gateway_rss(gateway: GatewayProcess, count: int) -> tuple[float, list[float], list[int]]:
+    pids = workers(gateway, count)
+    each = [rss_mb(pid) for pid in pids]
+    return sum(each), each, pids
+
+
+async def soak(gateway: GatewayProcess, args: argparse.Namespace) -> tuple[Tally, list[float], float, str]:
+    assert gateway.port is not None
     tally = Tally()
     seconds = args.minutes * 60
-    deadline = time.monotonic() + seconds
-    memory = [rss_mb(gateway.pid)]
-    sessions = [
-        asyncio.create_task(session(gateway.port, args.turns, deadline, tally)) for _ in range(args.sessions)
-    ]
+    warmup = min(args.warmup_seconds, seconds / 4)
+    idle, _, pids_at_start = gateway_rss(gateway, args.workers)
+    print(f"  gateway idle: {idle:.0f} MB (pids {pids_at_start})", flush=True)
     started = time.monotonic()
-    middle_taken = False
+    deadline = started + seconds
+    sessions = [
+        asyncio.create_task(session(gateway.port, args, deadline, tally)) for _ in range(args.sessions)
+    ]
+    memory: list[float] = []
     while not all(task.done() for task in sessions):
-        await asyncio.sleep(min(15.0, seconds / 4))
         elapsed = time.monotonic() - started
-        if not middle_taken and elapsed >= seconds / 2:
-            memory.append(rss_mb(gateway.pid))
-            middle_taken = True
+        await asyncio.wait(sessions, timeout=PROGRESS_SECONDS - elapsed % PROGRESS_SECONDS)
+        elapsed = time.monotonic() - started
+        total, each, pids = gateway_rss(gateway, args.workers)
+        if (not memory and elapsed >= warmup) or (len(memory) == 1 and elapsed >= seconds / 2):
+            memory.append(total)
         print(
             f"  {elapsed:5.0f} s: {tally.answered} calls answered, {tally.errors} errors, "
-            f"gateway {rss_mb(gateway.pid):.0f} MB",
+            f"gateway {total:.0f} MB"
+            + (f" ({' + '.join(f'{m:.0f}' for m in each)})" if len(each) > 1 else ""),
             flush=True,
         )
     await asyncio.gather(*sessions)
-    memory.append(rss_mb(gateway.pid))
-    return tally, memory
+    elapsed = time.monotonic() - started
+    total, each, pids = gateway_rss(gateway, args.workers)
+    memory = [*memory, *[float("nan")] * (2 - len(memory)), total]
+    restarted = "" if pids == pids_at_start else f"gateway processes changed: {pids_at_start} -> {pids}"
+    return tally, memory, elapsed, restarted
 
 
 def stored_ok_turns(db_url: str) -> int:
@@ -129,6 +281,22 @@ def stored_ok_turns(db_url: str) -> int:
         count = conn.execute(sa.text("SELECT COUNT(*) FROM turns WHERE status = 'ok'")).scalar_one()
     engine.dispose()
     return int(count)
+
+
+def raise_file_limit(needed: int) -> None:
+    """Each session holds a connection: lift the soft limit on open files to the hard one if it is short (the
+    gateway and the upstream, started afterwards, inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        print(f"warning: {soft} open files allowed, {needed} wanted", file=sys.stderr)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(len(ordered) * q), len(ordered) - 1)] if ordered else float("nan")
 
 
 def main() -> int:
@@ -142,11 +310,47 @@ def main() -> int:
         "--sessions", type=int, default=500, help="concurrent agent sessions (default: %(default)s)"
     )
     parser.add_argument("--turns", type=int, default=20, help="calls per rollout (default: %(default)s)")
-    parser.add_argument("--store", choices=("sqlite", "postgresql", "both"), default="both")
+    parser.add_argument(
+        "--store", choices=("sqlite", "postgresql", "both"), default="both", help="(default: %(default)s)"
+    )
+    parser.add_argument(
+        "--stream", action="store_true", help='stream every call ("stream": true) and read its events'
+    )
+    parser.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=64,
+        help="tokens in each streamed reply (with --stream; bench/fake_vllm.py always answers 64) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway worker processes (`gateway serve --workers N`; more than 1 needs --store postgresql) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=30.0,
+        help="memory is first measured after this much load (at most a quarter of the run) "
+        "(default: %(default)s)",
+    )
     args = parser.parse_args()
+    if args.workers > 1 and args.store != "postgresql":
+        parser.error("--workers needs --store postgresql: SQLite takes one writer")
+    if not args.stream and args.reply_tokens != fake_vllm.COMPLETION_TOKENS:
+        parser.error(
+            f"--reply-tokens needs --stream (bench/fake_vllm.py answers {fake_vllm.COMPLETION_TOKENS})"
+        )
+    raise_file_limit(3 * args.sessions * max(args.workers, 1) + 1024)
 
     work = Path(tempfile.mkdtemp(prefix="gateway-soak-"))
-    upstream, upstream_port = fake_vllm.start(work)
+    if args.stream:
+        upstream, upstream_port = stream_load.start_upstream(work, args.reply_tokens, 0.0)
+    else:
+        upstream, upstream_port = fake_vllm.start(work)
     stores = {}
     if args.store in ("sqlite", "both"):
         stores["SQLite"] = f"sqlite:///{work / 'soak.db'}"
@@ -156,30 +360,26 @@ def main() -> int:
         with admin.begin() as conn:
             conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
         stores["PostgreSQL"] = f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
-    print(f"{args.sessions} sessions x {args.turns} turns a rollout, {args.minutes:g} min per store\n")
+    mode = (
+        f"streamed, {args.reply_tokens} tokens a reply" if args.stream else "not streamed, 64 tokens a reply"
+    )
+    print(
+        f"{args.sessions} sessions x {args.turns} turns a rollout, {mode}, {args.minutes:g} min per store, "
+        f"{args.workers} gateway process{'es' if args.workers > 1 else ''} (logs in {work})\n"
+    )
     results = []
     try:
         for name, db_url in stores.items():
             print(f"{name}:")
             flags = ["--max-connections", str(args.sessions)]
+            if args.workers > 1:
+                flags += ["--workers", str(args.workers)]
             with GatewayProcess(
                 [f"http://127.0.0.1:{upstream_port}"], db_url, log_path=work / f"{name}.log", extra_args=flags
             ) as gateway:
-                tally, memory = asyncio.run(soak(gateway, args))
+                tally, memory, elapsed, restarted = asyncio.run(soak(gateway, args))
             stored = stored_ok_turns(db_url)
-            latencies = sorted(tally.latencies)
-            rate = tally.answered / (args.minutes * 60)
-            results.append(
-                (
-                    name,
-                    tally,
-                    stored,
-                    statistics.median(latencies),
-                    latencies[int(len(latencies) * 0.99)],
-                    rate,
-                    memory,
-                )
-            )
+            results.append((name, tally, stored, elapsed, memory, restarted))
     finally:
         upstream.stop()
         if args.store in ("postgresql", "both"):
@@ -187,16 +387,35 @@ def main() -> int:
                 conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
         admin.dispose()
 
+    ttft = "  TTFT p50  TTFT p99" if args.stream else ""
     print(
-        f"\n{'store':<11} {'errors':>6} {'answered':>9} {'stored':>9} {'p50 ms':>7} {'p99 ms':>8} "
-        f"{'calls/s':>8}  gateway RSS MB (start, middle, end)"
+        f"\n{'store':<11} {'errors':>6} {'answered':>9} {'stored':>9} {'p50 ms':>7} {'p99 ms':>8}{ttft} "
+        f"{'calls/s':>8} {'tokens/s':>9}  gateway RSS MB (after warm-up, middle, end; growth)"
     )
-    for name, tally, stored, p50, p99, rate, memory in results:
-        print(
-            f"{name:<11} {tally.errors:>6} {tally.answered:>9} {stored:>9} {p50:>7.1f} {p99:>8.1f} "
-            f"{rate:>8.0f}  " + ", ".join(f"{m:.0f}" for m in memory)
+    failed = False
+    for name, tally, stored, elapsed, memory, restarted in results:
+        growth = memory[-1] / memory[0] - 1
+        first = (
+            f" {percentile(tally.first_token, 0.5):>9.1f} {percentile(tally.first_token, 0.99):>9.1f}"
+            if args.stream
+            else ""
         )
-    failed = any(tally.errors or stored != tally.answered for _, tally, stored, *_ in results)
+        tokens = tally.tokens if args.stream else tally.answered * fake_vllm.COMPLETION_TOKENS
+        print(
+            f"{name:<11} {tally.errors:>6} {tally.answered:>9} {stored:>9} "
+            f"{percentile(tally.latencies, 0.5):>7.1f} {percentile(tally.latencies, 0.99):>8.1f}{first} "
+            f"{tally.answered / elapsed:>8.0f} {tokens / elapsed:>9.0f}  "
+            + ", ".join(f"{m:.0f}" for m in memory)
+            + f"; {growth:+.1%}"
+        )
+        flat = abs(growth) <= FLAT
+        failed |= bool(tally.errors) or stored != tally.answered or not flat or bool(restarted)
+        if not flat:
+            print(f"  memory not flat: {growth:+.1%} from the end of the warm-up to the end")
+        if restarted:
+            print(f"  {restarted}")
+        for kind, count in tally.kinds.most_common(10):
+            print(f"  {count} x {kind}")
     return 1 if failed else 0
 
 

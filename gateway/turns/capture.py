@@ -127,6 +127,17 @@ class TurnCapture:
             self.prompt_ids = prompt_ids
         return payload
 
+    def read_chunk(self, data: bytes, asked: Asked) -> Any:
+        """One stream event's JSON. The first event of a stream holds the prompt's ids, most of its bytes:
+        read straight from them as a whole reply's are (`_without_prompt_ids`), so that a long prompt costs
+        a stream no more than a whole reply."""
+        if not asked.token_ids and len(self.prompt_ids) == 0:
+            payload, prompt_ids = _without_prompt_ids(data)
+            if payload is not None and prompt_ids is not None:
+                self.prompt_ids = prompt_ids
+                return payload
+        return orjson.loads(data)
+
     def strip(self, payload: dict[str, Any], asked: Asked) -> None:
         """Undo what the gateway injected, so the agent gets what vLLM answers to its own request.
 

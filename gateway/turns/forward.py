@@ -9,8 +9,9 @@ fails before the reply starts, the turn is stored once, here: refused by a limit
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import orjson
@@ -112,9 +113,7 @@ async def forward(
         except ApiError as exc:
             await ctx.recorder.failed(capture, exc.status_code, exc.message)
             raise
-        if isinstance(response, RelayResponse):
-            response.body_iterator = _counted(ctx, response.body_iterator)
-            streaming = True
+        streaming = isinstance(response, RelayResponse)  # in flight until its stream ends
         return response
     finally:
         if not streaming:
@@ -160,17 +159,8 @@ async def _turn(
     if call.stream:
         reply = await send(ctx.backends, capture, upstream)
         chunks = _chunks(ctx.recorder, capture, reply, asked, wire, sent)
-        return RelayResponse(relay(ctx.recorder, capture, reply, chunks, wire))
+        return RelayResponse(relay(ctx.recorder, capture, reply, chunks, wire), partial(_leave, ctx))
     return await _whole(ctx, capture, upstream, asked, wire, sent)
-
-
-async def _counted(ctx: TurnContext, chunks: AsyncIterable[Any]) -> AsyncIterator[Any]:
-    """A streamed call is in flight until its last byte (or its client leaves)."""
-    try:
-        async for chunk in chunks:
-            yield chunk
-    finally:
-        _leave(ctx)
 
 
 def _leave(ctx: TurnContext) -> None:
@@ -218,7 +208,7 @@ async def _chunks(
                     if data == b"[DONE]":
                         recorder.timed("relay", first)
                         return
-                    chunk = orjson.loads(data)
+                    chunk = capture.read_chunk(data, asked)
                     if "error" in chunk and "choices" not in chunk:
                         message = backend_error_detail(data).get("message")
                         raise StreamFailure(str(message) if message is not None else "backend stream failed")

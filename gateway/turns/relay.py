@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from starlette.responses import StreamingResponse
-from starlette.types import Receive
+from starlette.types import Receive, Send
 
 from gateway.errors import ApiError, store_failure
 from gateway.fleet.replies import BackendReply
@@ -28,27 +28,38 @@ class StreamFailure(Exception):
 
 
 class RelayResponse(StreamingResponse):
-    """A streamed reply that stops at its next chunk once the client has left.
+    """A streamed reply that stops at its next chunk once the client has left, and says when it has ended.
 
     Starlette cancels the stream when its client leaves, but anyio cancels a task only when it finds it
     waiting on a future not yet done: a relay that finds the engine's next output already arrived each time
     it looks (an engine outpacing a busy gateway) was not cancelled, and relayed the rest of a long reply
-    to nobody, engine time included, then stored the turn as answered."""
+    to nobody, engine time included, then stored the turn as answered.
 
-    def __init__(self, chunks: AsyncGenerator[bytes, None]) -> None:
-        super().__init__(self._while_client_stays(chunks), media_type="text/event-stream")
+    The chunks are written here, not through layers of generators around the relay: each layer costs every
+    chunk of every stream a switch."""
+
+    def __init__(self, chunks: AsyncGenerator[bytes, None], ended: Callable[[], None]) -> None:
+        super().__init__(chunks, media_type="text/event-stream")
+        self._chunks = chunks
+        self._ended = ended
+        """Called once the stream is over, however it ended (the call is no longer in flight)."""
         self._client_left = False
 
     async def listen_for_disconnect(self, receive: Receive) -> None:
         await super().listen_for_disconnect(receive)
         self._client_left = True
 
-    async def _while_client_stays(self, chunks: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
-        async with contextlib.aclosing(chunks):  # closing the relay stores the turn as cancelled
-            async for chunk in chunks:
-                if self._client_left:
-                    return
-                yield chunk
+    async def stream_response(self, send: Send) -> None:
+        try:
+            async with contextlib.aclosing(self._chunks):  # closing the relay stores the turn as cancelled
+                await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+                async for chunk in self._chunks:
+                    if self._client_left:
+                        return
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self._ended()
 
 
 async def relay(

@@ -128,3 +128,45 @@ def test_completions_replies_keep_their_choice_level_prompt_ids():
     }
     turn, _ = captured(orjson.dumps(body), NOT_ASKED, CompletionCapture)
     assert turn.prompt_ids.tolist() == [1, 2]
+
+
+def stream_chunk(prompt_ids: Any, index: int) -> dict[str, Any]:
+    """One event of vLLM's chat stream with `return_token_ids`: the first carries the prompt's ids."""
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "tiny",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": "ok"[index]},
+                "logprobs": {"content": [{"token": "ok"[index], "logprob": -0.5}]},
+                "finish_reason": "stop" if index == 1 else None,
+                "token_ids": [7 + index],
+            }
+        ],
+        "usage": None,
+        "prompt_token_ids": list(prompt_ids) if index == 0 else None,
+    }
+
+
+@pytest.mark.parametrize("asked", [NOT_ASKED, ASKED])
+def test_a_streams_first_event_gives_the_same_turn_and_chunks_as_a_whole_parse(asked):
+    ids = np.random.default_rng(1).integers(0, 2**31 - 1, 20_000).tolist()
+    events = [orjson.dumps(stream_chunk(ids, index)) for index in range(2)]
+    read, whole = (ChatCapture(TurnRecord("r1", "chat", "tiny", True, "v0", 1.0)) for _ in range(2))
+    relayed = []
+    for data in events:
+        chunk, expected = read.read_chunk(data, asked), orjson.loads(data)
+        read.feed(chunk)
+        whole.feed(expected)
+        read.strip(chunk, asked)
+        whole.strip(expected, asked)
+        relayed.append((orjson.dumps(chunk), orjson.dumps(expected)))
+    turn, expected_turn = read.finish()[0], whole.finish()[0]
+
+    assert all(mine == theirs for mine, theirs in relayed)
+    assert turn.prompt_ids.tolist() == expected_turn.prompt_ids.tolist() == ids
+    assert turn.completion_ids.tolist() == [7, 8]
+    assert (turn.content, turn.finish_reason) == ("ok", "stop")

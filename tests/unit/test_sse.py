@@ -78,6 +78,17 @@ def test_byte_by_byte_gives_one_event_per_batch():
     assert batches([STREAM[i : i + 1] for i in range(len(STREAM))]) == [[event] for event in EVENTS]
 
 
+def test_an_event_of_a_megabyte_over_many_reads_comes_whole_with_the_events_its_last_read_completes():
+    ids = b"[" + b",".join(b"%d" % (i % 50000) for i in range(200_000)) + b"]"
+    stream = b'data: {"prompt_token_ids": ' + ids + b"}\n\ndata: 2\n\ndata: 3\n"
+    reads = [stream[i : i + 4096] for i in range(0, len(stream), 4096)]
+    assert batches(reads) == [[b'{"prompt_token_ids": ' + ids + b"}", b"2"]]
+
+
+def test_an_event_end_split_between_two_reads_is_found():
+    assert batches([b"data: 1\n", b"\ndata: 2\n", b"\n"]) == [[b"1"], [b"2"]]
+
+
 def test_crlf_line_endings_are_accepted_even_split_between_reads():
     assert data([b"data: 1\r\n\r\ndata: 2\r", b"\n\r", b"\n"]) == [b"1", b"2"]
 
