@@ -269,10 +269,13 @@ class ChatCapture(TurnCapture):
         was asked; in JSON it is the same chunk, so it is held back too: it carries nothing either."""
         if asked.token_ids or asked.logprobs:
             return False
-        choices = chunk.get("choices") or ()
-        return bool(choices) and all(
-            choice.get("delta") == {} and choice.get("finish_reason") is None for choice in choices
-        )
+        choices = chunk.get("choices")
+        if not choices:
+            return False
+        for choice in choices:  # a loop, not all(...): every chunk of every stream asks
+            if choice.get("delta") != {} or choice.get("finish_reason") is not None:
+                return False
+        return True
 
     def _feed_choice(self, into: Choice, choice: dict[str, Any]) -> None:
         if choice.get("token_ids"):
