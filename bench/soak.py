@@ -7,12 +7,12 @@ instantly, on SQLite and PostgreSQL.
 
 Each session creates a rollout, makes `--turns` chat calls of a growing conversation (each request sends the
 history back with the previous reply, as agents do), finishes the rollout with a reward, and starts over,
-until the time is up (a rollout the deadline interrupts is finished early). The upstream is
-bench/fake_vllm.py (64 tokens a reply) or, with `--stream`, bench/stream_load.py's streaming upstream
-(`--reply-tokens` a reply, one chunk per token, with ids and logprobs as vLLM sends them); a streamed call
-counts as answered only with status 200, the stream's `data: [DONE]` and no error event. With `--workers N`
-the gateway runs as `gateway serve --workers N` (PostgreSQL only) and its memory is the sum over its worker
-processes.
+until the time is up (a rollout the deadline interrupts is finished early). The upstream, a child process
+accepting connections with a backlog as deep as vLLM's, answers as bench/fake_vllm.py (64 tokens a reply)
+or, with `--stream`, as bench/stream_load.py's streaming upstream (`--reply-tokens` a reply, one chunk per
+token, with ids and logprobs as vLLM sends them); a streamed call counts as answered only with status 200,
+the stream's `data: [DONE]` and no error event. With `--workers N` the gateway runs as `gateway serve
+--workers N` (PostgreSQL only) and its memory is the sum over its worker processes.
 
 Reported per store: errors (must be 0, with their status and message), turns answered against turns stored
 with status ok (must be equal), p50/p99 latency per call (the whole call; streamed, also the time to the
@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import os
 import resource
+import shlex
 import sys
 import tempfile
 import time
@@ -44,12 +45,16 @@ import stream_load
 
 from gateway.store.database import make_engine
 from testbed.launcher import GatewayProcess
+from testbed.process import ManagedProcess
 
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 SYSTEM = "You are a coding agent. " + " ".join(f"word{i % 97}" for i in range(1400))
 FLAT = 0.10
 """How much the gateway's memory may grow from the end of the warm-up to the end of the run."""
 PROGRESS_SECONDS = 15.0
+UPSTREAM_BACKLOG = 4096
+"""Connections the upstream lets wait to be accepted (vLLM's uvicorn: 2048). asyncio's default, 100, drops the
+connections of a gateway that opens one per session at once, and the gateway times out connecting."""
 
 
 @dataclass
@@ -275,6 +280,35 @@ async def soak(gateway: GatewayProcess, args: argparse.Namespace) -> tuple[Tally
     return tally, memory, elapsed, restarted
 
 
+async def serve_upstream(port: int, stream: bool, tokens: int) -> None:
+    """The upstream (this script's child process): bench/fake_vllm.py's, or bench/stream_load.py's streaming
+    one, accepting with a backlog as deep as vLLM's."""
+    protocol: type[asyncio.Protocol] = fake_vllm.Upstream
+    if stream:
+        stream_load.StreamingUpstream.chunks = stream_load.stream_chunks(tokens)
+        protocol = stream_load.StreamingUpstream
+    server = await asyncio.get_running_loop().create_server(
+        protocol, "127.0.0.1", port, backlog=UPSTREAM_BACKLOG
+    )
+    async with server:
+        await server.serve_forever()
+
+
+def start_upstream(work: Path, stream: bool, tokens: int) -> tuple[ManagedProcess, int]:
+    return fake_vllm.start_child(
+        work,
+        lambda port: [
+            __file__,
+            "--serve-upstream",
+            str(port),
+            "--reply-tokens",
+            str(tokens),
+            *(["--stream"] if stream else []),
+        ],
+        "streaming upstream" if stream else "fake upstream",
+    )
+
+
 def stored_ok_turns(db_url: str) -> int:
     engine = make_engine(db_url)
     with engine.connect() as conn:
@@ -331,13 +365,28 @@ def main() -> int:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        help="the gateway's --max-connections: calls each worker has at the upstream at once, the others "
+        "wait in its queue (default: --sessions, none wait)",
+    )
+    parser.add_argument(
+        "--gateway-args",
+        default="",
+        help='more `gateway serve` flags, as one string (e.g. "--process-timeout 30")',
+    )
+    parser.add_argument(
         "--warmup-seconds",
         type=float,
         default=30.0,
         help="memory is first measured after this much load (at most a quarter of the run) "
         "(default: %(default)s)",
     )
+    parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)  # the upstream's own process
     args = parser.parse_args()
+    if args.serve_upstream:
+        asyncio.run(serve_upstream(args.serve_upstream, args.stream, args.reply_tokens))
+        return 0
     if args.workers > 1 and args.store != "postgresql":
         parser.error("--workers needs --store postgresql: SQLite takes one writer")
     if not args.stream and args.reply_tokens != fake_vllm.COMPLETION_TOKENS:
@@ -347,10 +396,7 @@ def main() -> int:
     raise_file_limit(3 * args.sessions * max(args.workers, 1) + 1024)
 
     work = Path(tempfile.mkdtemp(prefix="gateway-soak-"))
-    if args.stream:
-        upstream, upstream_port = stream_load.start_upstream(work, args.reply_tokens, 0.0)
-    else:
-        upstream, upstream_port = fake_vllm.start(work)
+    upstream, upstream_port = start_upstream(work, args.stream, args.reply_tokens)
     stores = {}
     if args.store in ("sqlite", "both"):
         stores["SQLite"] = f"sqlite:///{work / 'soak.db'}"
@@ -365,15 +411,18 @@ def main() -> int:
     )
     print(
         f"{args.sessions} sessions x {args.turns} turns a rollout, {mode}, {args.minutes:g} min per store, "
-        f"{args.workers} gateway process{'es' if args.workers > 1 else ''} (logs in {work})\n"
+        f"{args.workers} gateway process{'es' if args.workers > 1 else ''}"
+        + (f" ({args.gateway_args})" if args.gateway_args else "")
+        + f" (logs in {work})\n"
     )
     results = []
     try:
         for name, db_url in stores.items():
             print(f"{name}:")
-            flags = ["--max-connections", str(args.sessions)]
+            flags = ["--max-connections", str(args.max_connections or args.sessions)]
             if args.workers > 1:
                 flags += ["--workers", str(args.workers)]
+            flags += shlex.split(args.gateway_args)
             with GatewayProcess(
                 [f"http://127.0.0.1:{upstream_port}"], db_url, log_path=work / f"{name}.log", extra_args=flags
             ) as gateway:

@@ -10,7 +10,9 @@ older than `--process-timeout` is dead: no change waits for it, and GET /admin/s
 
 A process that cannot reach the store for half that timeout stops admitting agent calls (503, retry): it can
 no longer confirm the policy version, and the change that replaced it may already have been acknowledged
-without it. It serves again by itself once a heartbeat goes through.
+without it. It serves again by itself once a heartbeat goes through. The heartbeats that keep it serving
+also run on a thread of their own: a process whose event loop lags under load is busy, not cut off from
+the store, and its calls must not be refused as if it were.
 
 On SQLite the gateway is one process: its changes apply here, with nothing to follow.
 """
@@ -22,6 +24,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -91,6 +94,8 @@ class Replica:
         self._metrics_at = 0.0
         self._beating = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._stop_beats = threading.Event()
+        self._beats: threading.Thread | None = None
 
     @property
     def process_id(self) -> str:
@@ -115,8 +120,14 @@ class Replica:
             ", paused" if state.paused else "",
         )
         self.keep(self._follow())
+        loop = asyncio.get_running_loop()
+        self._beats = threading.Thread(target=self._beat_aside, args=(loop,), name="heartbeat", daemon=True)
+        self._beats.start()
 
     async def close(self) -> None:
+        self._stop_beats.set()
+        if self._beats is not None:
+            await asyncio.to_thread(self._beats.join)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -229,7 +240,26 @@ class Replica:
                 await self._run(stored_processes.beat, self.process_id, self._report())
             for server in self._backends.servers.values():
                 server.pinned = pinned.get(server.url, 0)
-            self._confirmed = began
+            self._confirmed = max(self._confirmed, began)
+
+    def _beat_aside(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Heartbeats from this thread, once an interval, whatever the event loop's lag: under load the loop
+        runs its own late (seconds late with a thousand streams a core), and a process is confirmed by the
+        store's answer, not by how soon its loop asked. What the loop must apply (a newer run state, the row
+        lost and to be registered again) is left to the loop's own heartbeat."""
+        while not self._stop_beats.wait(self.interval):
+            began = time.monotonic()
+            try:
+                with self._store.engine.begin() as conn:
+                    epoch, _ = stored_processes.beat(conn, self.process_id, self._report())
+            except LookupError:  # taken for dead: the loop registers it again
+                epoch = self.held.epoch + 1
+            except Exception:  # the store is out of reach: the loop's heartbeat says so, and retries
+                continue
+            else:
+                self._confirmed = max(self._confirmed, began)
+            if epoch > self.held.epoch:
+                loop.call_soon_threadsafe(self.keep, self._beat())
 
     async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if self.leads:
@@ -260,9 +290,9 @@ class Replica:
             in_flight=traffic.in_flight,
             waiting=traffic.waiting,
             ended=traffic.ended,
-            loads={
+            loads={  # a copy first: the heartbeat thread reads it while the loop may add a server
                 s.url: ServerLoad(in_flight=s.in_flight, requests=s.requests, errors=s.errors)
-                for s in self._backends.servers.values()
+                for s in list(self._backends.servers.values())
             },
             metrics=samples(self._metrics.registry) if send_metrics else None,
         )
