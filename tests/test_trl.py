@@ -131,7 +131,9 @@ def test_a_two_turn_rollout_of_cut_replies_reaches_trl_as_one_sequence_with_the_
             base_url=rollout.base_url, api_key=rollout.api_key, timeout=TIMEOUT
         ) as client:
             for follow_up in ("More.", None):
-                reply = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
+                reply = await client.chat.completions.create(  # cut at 4 tokens, never ended sooner
+                    model="tiny", messages=messages, max_tokens=4, extra_body={"min_tokens": 4}
+                )
                 messages.append({"role": "assistant", "content": reply.choices[0].message.content})
                 if follow_up:
                     messages.append({"role": "user", "content": follow_up})
