@@ -4,7 +4,6 @@ queued for its path (vLLM's shapes), or raises the transport failure queued inst
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -17,15 +16,15 @@ URL = "http://fake-engine"
 
 
 class FakeReply:
-    """What `BackendReply` offers: a status, the whole body, or its chunks; `broken` cuts it off at the
-    end."""
+    """What `BackendReply` offers: a status, the whole body, or its chunks read in turn; `broken` cuts it
+    off at the end."""
 
     def __init__(
         self, status: int, content: bytes = b"", chunks: list[bytes] | None = None, broken: bool = False
     ):
         self.status = status
         self._content = content
-        self._chunks = chunks if chunks is not None else [content]
+        self._chunks = list(chunks if chunks is not None else [content])
         self._broken = broken
         self.closed = False
 
@@ -34,11 +33,12 @@ class FakeReply:
             raise BackendStreamError("backend reply broke off: ServerDisconnectedError()")
         return self._content
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        for chunk in self._chunks:
-            yield chunk
+    async def read(self) -> bytes:
+        if self._chunks:
+            return self._chunks.pop(0)
         if self._broken:
             raise BackendStreamError("backend stream broke off: ServerDisconnectedError()")
+        return b""
 
     def close(self) -> None:
         self.closed = True

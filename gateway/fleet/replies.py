@@ -3,7 +3,7 @@ the failures the gateway maps to HTTP errors (`gateway.errors`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import NamedTuple
 
 import aiohttp
@@ -40,14 +40,13 @@ class BackendReply:
             self._response.release()
             self._done()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def read(self) -> bytes:
+        """What has arrived of a streamed reply since the last read, once something has; b"" at its end. A
+        method, not a generator: a stream's every read passes through here."""
         try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+            return await self._response.content.readany()
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise BackendStreamError(f"backend stream broke off: {exc!r}") from exc
-        finally:
-            self._done()
 
     def close(self) -> None:
         """Drop the connection if the reply was not read to the end (vLLM then aborts the request)."""

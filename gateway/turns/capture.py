@@ -156,9 +156,11 @@ class TurnCapture:
                 if "logprobs" in choice:
                     choice["logprobs"] = None
 
-    def carries_nothing(self, chunk: dict[str, Any], asked: Asked) -> bool:
-        """Whether a stripped stream chunk is one vLLM would not have sent for the agent's own request."""
-        return False
+    def take(self, chunk: dict[str, Any], asked: Asked) -> bool:
+        """One stream chunk captured and stripped (`feed`, `strip`): whether the agent receives it."""
+        self.feed(chunk)
+        self.strip(chunk, asked)
+        return True
 
     def finish(self) -> list[TurnRecord]:
         """One record per choice, in choice order (one, empty, if nothing was generated)."""
@@ -260,22 +262,50 @@ class ChatCapture(TurnCapture):
         upstream["logprobs"] = True
         return upstream, asked
 
-    def carries_nothing(self, chunk: dict[str, Any], asked: Asked) -> bool:
-        """A chunk with an empty delta: while a parser holds text back (a tool call's markup, a think tag)
-        vLLM skips the step unless ids or logprobs were asked for, which the gateway always asks. Its ids are
-        captured; the agent, that asked for neither, would not have seen it.
+    def take(self, chunk: dict[str, Any], asked: Asked) -> bool:
+        """`feed` and `strip` in one pass over the chunk: every token of every stream comes this way.
 
-        A parser may itself emit an empty delta (vLLM's Mistral tool parser does), which vLLM sends whatever
-        was asked; in JSON it is the same chunk, so it is held back too: it carries nothing either."""
-        if asked.token_ids or asked.logprobs:
-            return False
+        A chunk whose delta is empty is held back from an agent that asked for neither ids nor logprobs:
+        while a parser holds text back (a tool call's markup, a think tag) vLLM skips the step unless ids or
+        logprobs were asked for, which the gateway always asks. Its ids are captured; the agent would not
+        have seen it. A parser may itself emit an empty delta (vLLM's Mistral tool parser does), which vLLM
+        sends whatever was asked; in JSON it is the same chunk, so it is held back too: it carries nothing
+        either."""
+        prompt = chunk.get("prompt_token_ids")
+        if prompt:
+            self.prompt_ids = prompt
+        if prompt is not None and not asked.token_ids:
+            chunk["prompt_token_ids"] = None
         choices = chunk.get("choices")
         if not choices:
-            return False
-        for choice in choices:  # a loop, not all(...): every chunk of every stream asks
-            if choice.get("delta") != {} or choice.get("finish_reason") is not None:
-                return False
-        return True
+            return True
+        sent = asked.token_ids or asked.logprobs
+        for choice in choices:
+            index = choice.get("index")
+            into = self.choice(index if isinstance(index, int) else 0)
+            ids = choice.get("token_ids")
+            if ids:
+                into.completion_ids.extend(ids)
+            logprobs = choice.get("logprobs")
+            if logprobs:
+                content = logprobs.get("content")
+                if content:
+                    into.logprobs.extend([item["logprob"] for item in content])
+            delta = choice.get("delta")
+            if delta:
+                _take_message(into, delta)
+            finish = choice.get("finish_reason")
+            if finish:
+                into.finish_reason = finish
+            if not asked.token_ids:
+                if ids is not None:
+                    choice["token_ids"] = None
+                if "prompt_token_ids" in choice:
+                    choice["prompt_token_ids"] = None
+            if logprobs is not None and not asked.logprobs:
+                choice["logprobs"] = None
+            sent = sent or delta != {} or finish is not None
+        return sent
 
     def _feed_choice(self, into: Choice, choice: dict[str, Any]) -> None:
         if choice.get("token_ids"):
@@ -283,16 +313,23 @@ class ChatCapture(TurnCapture):
         logprobs = choice.get("logprobs")
         if logprobs and logprobs.get("content"):
             into.logprobs.extend(item["logprob"] for item in logprobs["content"])
-        message = choice.get("message") or choice.get("delta") or {}
-        if message.get("content"):
-            into.content.append(message["content"])
-        reasoning = message.get("reasoning") or message.get("reasoning_content")
-        if reasoning:
-            into.reasoning.append(reasoning)
-        for call in message.get("tool_calls") or ():
-            into.merge_tool_call(call)
+        _take_message(into, choice.get("message") or choice.get("delta") or {})
         if choice.get("finish_reason"):
             into.finish_reason = choice["finish_reason"]
+
+
+def _take_message(into: Choice, message: dict[str, Any]) -> None:
+    """A whole reply's message or a stream's delta: its text, reasoning and tool calls."""
+    content = message.get("content")
+    if content:
+        into.content.append(content)
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    if reasoning:
+        into.reasoning.append(reasoning)
+    calls = message.get("tool_calls")
+    if calls:
+        for call in calls:
+            into.merge_tool_call(call)
 
 
 class TokensChatCapture(ChatCapture):

@@ -197,7 +197,7 @@ async def _chunks(
     first = 0.0
     sampled = 0
     try:
-        async for batch in sse_batches(reply.chunks()):
+        async for batch in sse_batches(reply.read):
             if record.first_token_at is None:
                 record.first_token_at = time.time()
                 recorder.timed("upstream", sent)
@@ -212,9 +212,7 @@ async def _chunks(
                     if "error" in chunk and "choices" not in chunk:
                         message = backend_error_detail(data).get("message")
                         raise StreamFailure(str(message) if message is not None else "backend stream failed")
-                    capture.feed(chunk)
-                    capture.strip(chunk, asked)
-                    if not capture.carries_nothing(chunk, asked):
+                    if capture.take(chunk, asked):
                         relayed.append(wire.chunk(chunk))
             finally:
                 now = capture.sampled()

@@ -19,6 +19,9 @@ def record(endpoint: str = "chat") -> TurnRecord:
     )
 
 
+NEITHER = Asked(token_ids=False, logprobs=False)
+
+
 def parsed(return_token_ids: Any = None, logprobs: Any = None) -> SimpleNamespace:
     return SimpleNamespace(return_token_ids=return_token_ids, logprobs=logprobs)
 
@@ -230,55 +233,56 @@ def chunk(
     return {"choices": [{**choice, "finish_reason": finish_reason}]}
 
 
+STREAMED_CHAT: list[dict[str, Any]] = [
+    {
+        "prompt_token_ids": [1, 2, 3],
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}],
+    },
+    {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"reasoning_content": "Use "},
+                "token_ids": [7],
+                "logprobs": logprobs_content(-0.5),
+            }
+        ]
+    },
+    chunk({"reasoning": "ls."}, [8], logprobs_content(-1)),
+    chunk({"content": "Lis"}, [9], logprobs_content(-3)),
+    chunk({"content": "ting."}, [10], logprobs_content(-4)),
+    {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {
+                    "tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "ls"}}]
+                },
+                "token_ids": [11],
+                "logprobs": logprobs_content(-2),
+            }
+        ]
+    },
+    {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"path": "/"}'}}]},
+                "token_ids": [12, 2],
+                "logprobs": logprobs_content(-0.25, -0.125),
+                "finish_reason": "tool_calls",
+            }
+        ]
+    },
+    {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}},
+]
+"""A streamed chat reply with reasoning, text and a tool call, as vLLM sends it with ids and logprobs."""
+
+
 def test_streamed_chat_chunks_accumulate_into_one_record():
-    chunks: list[dict[str, Any]] = [
-        {
-            "prompt_token_ids": [1, 2, 3],
-            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}],
-        },
-        {
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": {"reasoning_content": "Use "},
-                    "token_ids": [7],
-                    "logprobs": logprobs_content(-0.5),
-                }
-            ]
-        },
-        chunk({"reasoning": "ls."}, [8], logprobs_content(-1)),
-        chunk({"content": "Lis"}, [9], logprobs_content(-3)),
-        chunk({"content": "ting."}, [10], logprobs_content(-4)),
-        {
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": {
-                        "tool_calls": [
-                            {"index": 0, "id": "c1", "type": "function", "function": {"name": "ls"}}
-                        ]
-                    },
-                    "token_ids": [11],
-                    "logprobs": logprobs_content(-2),
-                }
-            ]
-        },
-        {
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"path": "/"}'}}]},
-                    "token_ids": [12, 2],
-                    "logprobs": logprobs_content(-0.25, -0.125),
-                    "finish_reason": "tool_calls",
-                }
-            ]
-        },
-        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}},
-    ]
     capture = ChatCapture(record())
-    for piece in chunks:
-        capture.feed(piece)
+    for piece in copy.deepcopy(STREAMED_CHAT):
+        capture.take(piece, NEITHER)
     (turn,) = capture.finish()
     assert summary(turn) == {
         "choice_index": 0,
@@ -290,6 +294,24 @@ def test_streamed_chat_chunks_accumulate_into_one_record():
         "tool_calls": [CALL],
         "finish_reason": "tool_calls",
     }
+
+
+@pytest.mark.parametrize("token_ids", [False, True])
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_a_taken_stream_chunk_is_captured_and_stripped_as_feed_and_strip_do(token_ids: bool, logprobs: bool):
+    asked = Asked(token_ids=token_ids, logprobs=logprobs)
+    empty = chunk({}, [13], logprobs_content(-1.5))
+    chunks = [*copy.deepcopy(STREAMED_CHAT), empty, chunk({"content": "z"}, [14], index=1)]
+    taken, fed = ChatCapture(record()), ChatCapture(record())
+    sent = []
+    for piece in chunks:
+        mine, theirs = copy.deepcopy(piece), copy.deepcopy(piece)
+        sent.append(taken.take(mine, asked))
+        fed.feed(theirs)
+        fed.strip(theirs, asked)
+        assert mine == theirs
+    assert [summary(turn) for turn in taken.finish()] == [summary(turn) for turn in fed.finish()]
+    assert sent == [True] * len(STREAMED_CHAT) + [token_ids or logprobs, True]
 
 
 def test_several_choices_give_one_record_each_in_choice_order():
@@ -316,10 +338,10 @@ def test_several_choices_give_one_record_each_in_choice_order():
 
 def test_interleaved_stream_chunks_of_several_choices_stay_apart():
     capture = ChatCapture(record())
-    capture.feed({"prompt_token_ids": [1], **chunk({"content": "a"}, [5])})
-    capture.feed(chunk({"content": "x"}, [8], index=1))
-    capture.feed(chunk({"content": "b"}, [6], finish_reason="stop"))
-    capture.feed(chunk({"content": "y"}, [9], index=1, finish_reason="stop"))
+    capture.take({"prompt_token_ids": [1], **chunk({"content": "a"}, [5])}, NEITHER)
+    capture.take(chunk({"content": "x"}, [8], index=1), NEITHER)
+    capture.take(chunk({"content": "b"}, [6], finish_reason="stop"), NEITHER)
+    capture.take(chunk({"content": "y"}, [9], index=1, finish_reason="stop"), NEITHER)
     assert [(t.choice_index, t.content, t.completion_ids.tolist()) for t in capture.finish()] == [
         (0, "ab", [5, 6]),
         (1, "xy", [8, 9]),
@@ -468,17 +490,14 @@ def stripped(delta: dict[str, Any], finish_reason: str | None = None) -> dict[st
     return chunk(delta, None, finish_reason=finish_reason)
 
 
-NEITHER = Asked(token_ids=False, logprobs=False)
-
-
-def test_an_empty_delta_carries_nothing_for_an_agent_that_asked_for_neither_ids_nor_logprobs():
-    assert ChatCapture(record()).carries_nothing(stripped({}), NEITHER) is True
+def test_an_empty_delta_is_held_back_from_an_agent_that_asked_for_neither_ids_nor_logprobs():
+    assert ChatCapture(record()).take(stripped({}), NEITHER) is False
 
 
 def test_an_empty_delta_is_sent_to_an_agent_that_asked_for_ids_or_logprobs():
     capture = ChatCapture(record())
-    assert capture.carries_nothing(stripped({}), Asked(token_ids=True, logprobs=False)) is False
-    assert capture.carries_nothing(stripped({}), Asked(token_ids=False, logprobs=True)) is False
+    assert capture.take(stripped({}), Asked(token_ids=True, logprobs=False)) is True
+    assert capture.take(stripped({}), Asked(token_ids=False, logprobs=True)) is True
 
 
 @pytest.mark.parametrize(
@@ -494,9 +513,9 @@ def test_an_empty_delta_is_sent_to_an_agent_that_asked_for_ids_or_logprobs():
     ids=["role", "content", "reasoning", "tool_call", "finish", "usage"],
 )
 def test_a_chunk_with_a_delta_a_finish_or_usage_is_sent(sent: dict[str, Any]):
-    assert ChatCapture(record()).carries_nothing(sent, NEITHER) is False
+    assert ChatCapture(record()).take(sent, NEITHER) is True
 
 
 def test_a_completion_chunk_is_always_sent():
     empty_text = {"choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": None}]}
-    assert CompletionCapture(record("completions")).carries_nothing(empty_text, NEITHER) is False
+    assert CompletionCapture(record("completions")).take(empty_text, NEITHER) is True

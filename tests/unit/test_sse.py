@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from gateway.turns.sse import sse_batches
@@ -14,9 +14,15 @@ STREAM = b'data: {"a": 1}\n\ndata: {"b": [2, 3]}\n\ndata: [DONE]\n\n'
 EVENTS = [b'{"a": 1}', b'{"b": [2, 3]}', b"[DONE]"]
 
 
-async def source(chunks: list[bytes]) -> AsyncIterator[bytes]:
-    for chunk in chunks:
-        yield chunk
+def source(chunks: list[bytes]) -> Callable[[], Awaitable[bytes]]:
+    """A reader of `chunks`, one a read, then b"" (the end). Like a socket's, a read gives something or
+    ends the stream: empty chunks are not read."""
+    reads = iter([chunk for chunk in chunks if chunk])
+
+    async def read() -> bytes:
+        return next(reads, b"")
+
+    return read
 
 
 async def collect(stream: AsyncIterator[T]) -> list[T]:
