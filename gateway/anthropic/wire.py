@@ -23,8 +23,8 @@ class AnthropicWire:
     def reply(self, payload: dict[str, Any]) -> Response:
         return Response(dumps(message(payload)), media_type="application/json")
 
-    def chunk(self, chunk: dict[str, Any]) -> bytes:
-        return b"".join(event(name, data) for name, data in self._stream.chunk(chunk))
+    def chunks(self, chunks: list[dict[str, Any]]) -> bytes:
+        return b"".join(event(name, data) for chunk in chunks for name, data in self._stream.chunk(chunk))
 
     def done(self) -> bytes:
         return b"".join(event(name, data) for name, data in self._stream.end())

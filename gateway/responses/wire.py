@@ -25,8 +25,11 @@ class ResponsesWire:
     def reply(self, payload: dict[str, Any]) -> Response:
         return Response(dumps(whole_response(self._shape, payload)), media_type="application/json")
 
-    def chunk(self, chunk: dict[str, Any]) -> bytes:
-        return _events(self._start() + self._stream.chunk(chunk))
+    def chunks(self, chunks: list[dict[str, Any]]) -> bytes:
+        events = self._start()
+        for chunk in chunks:
+            events += self._stream.chunk(chunk)
+        return _events(events)
 
     def done(self) -> bytes:
         return _events(self._start() + self._stream.end())

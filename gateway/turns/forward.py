@@ -202,7 +202,7 @@ async def _chunks(
                 record.first_token_at = time.time()
                 recorder.timed("upstream", sent)
                 first = time.perf_counter()
-            relayed: list[bytes] = []
+            relayed: list[dict[str, Any]] = []
             try:
                 for data in batch:
                     if data == b"[DONE]":
@@ -213,13 +213,13 @@ async def _chunks(
                         message = backend_error_detail(data).get("message")
                         raise StreamFailure(str(message) if message is not None else "backend stream failed")
                     if capture.take(chunk, asked):
-                        relayed.append(wire.chunk(chunk))
+                        relayed.append(chunk)
             finally:
                 now = capture.sampled()
                 recorder.relayed(now - sampled)
                 sampled = now
                 if relayed:  # what came before the end or a failure reaches the agent first
-                    yield b"".join(relayed)
+                    yield wire.chunks(relayed)
     except BackendStreamError as exc:
         raise StreamFailure(str(exc)) from exc
     except orjson.JSONDecodeError as exc:

@@ -21,21 +21,28 @@ async def sse_batches(read: Callable[[], Awaitable[bytes]]) -> AsyncIterator[lis
         if b"\n\n" not in chunk and not (pending and pending[-1].endswith(b"\n") and chunk.startswith(b"\n")):
             pending.append(chunk)
             continue
-        events = (b"".join([*pending, chunk]) if pending else chunk).split(b"\n\n")
-        rest = events.pop()
-        pending = [rest] if rest else []
-        batch = _data_of(events)
+        buffer = b"".join([*pending, chunk]) if pending else chunk
+        end = buffer.rfind(b"\n\n") + 2
+        pending = [buffer[end:]] if end < len(buffer) else []
+        batch = _data_of(buffer, end)
         if batch:
             yield batch
 
 
-def _data_of(events: list[bytes]) -> list[bytes]:
-    """Each event's data. vLLM's events are one `data: ` line each: those are read in one pass."""
-    if all(event.startswith(b"data: ") and b"\n" not in event for event in events):
-        return [event[6:] for event in events]
+def _data_of(buffer: bytes, end: int) -> list[bytes]:
+    """The data of the events `buffer[:end]` holds. vLLM's events are one `data: ` line each: when every
+    line feed is one of the blank lines that end them, the buffer is split at them in one pass."""
+    events = buffer.count(b"\n\ndata: ", 0, end) + 1
+    if buffer.startswith(b"data: ") and buffer.count(b"\n", 0, end) == 2 * events:
+        return buffer[6 : end - 2].split(b"\n\ndata: ")
     batch = []
-    for event in events:
-        data = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    for event in buffer[:end].split(b"\n\n"):
+        data = [_value(line) for line in event.split(b"\n") if line.startswith(b"data:")]
         if data:
             batch.append(b"\n".join(data))
     return batch
+
+
+def _value(line: bytes) -> bytes:
+    """A `data:` line's value: what follows the colon, less one space if one follows it."""
+    return line[6:] if line.startswith(b"data: ") else line[5:]

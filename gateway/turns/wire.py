@@ -20,8 +20,8 @@ class Wire(Protocol):
         """A whole reply."""
         ...
 
-    def chunk(self, chunk: dict[str, Any]) -> bytes:
-        """One stream chunk."""
+    def chunks(self, chunks: list[dict[str, Any]]) -> bytes:
+        """Stream chunks that arrived together, in one write."""
         ...
 
     def done(self) -> bytes:
@@ -42,8 +42,8 @@ class OpenAIWire:
     def reply(self, payload: dict[str, Any]) -> Response:
         return Response(dumps(payload), media_type="application/json")
 
-    def chunk(self, chunk: dict[str, Any]) -> bytes:
-        return b"data: " + dumps(chunk) + b"\n\n"
+    def chunks(self, chunks: list[dict[str, Any]]) -> bytes:
+        return b"data: " + b"\n\ndata: ".join([dumps(chunk) for chunk in chunks]) + b"\n\n"
 
     def done(self) -> bytes:
         return DONE
