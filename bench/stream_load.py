@@ -2,7 +2,7 @@
 gateway, in one run. The gateway's cost at fleet scale is its work per relayed token, not per call.
 
     python bench/stream_load.py [--concurrency 64 256] [--tokens 256] [--body-kb 12.7] [--pace-ms 0]
-                                [--seconds 10] [--workers 2]
+                                [--seconds 10] [--workers 2] [--rounds 3]
 
 The upstream (`StreamingUpstream`, a child process) streams each reply as vLLM does with `return_token_ids`
 and `logprobs`: a first chunk with the role and the prompt's ids, then one chunk per token (its text, id and
@@ -11,13 +11,17 @@ event loop turns, each chunk its own write). Each of `--concurrency` connections
 `--seconds`, in rollouts of 20 calls through the gateway (as `bench/gateway_overhead.py`); the load
 generator is a raw-socket HTTP/1.1 client. It prints tokens/s, calls/s and time to the first token (p50,
 p99) directly and through the gateway (SQLite; with `--workers N`, PostgreSQL behind `gateway serve --workers
-N` too), and their ratio. Every process shares this machine's cores.
+N` too), and their ratio. Every process shares this machine's cores. With `--rounds N` each target runs N
+times, the upstream directly and through each gateway in turn, and the median ratio is printed: on a
+machine whose speed drifts (a shared virtual machine), a ratio to the direct run just before is steadier
+than one run of each.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -235,6 +239,12 @@ def main() -> int:
     parser.add_argument(
         "--workers", type=int, default=1, help="also PostgreSQL behind `gateway serve --workers N`"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs of each target, the upstream directly and through the gateway in turn (median ratio)",
+    )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the upstream's own process
     args = parser.parse_args()
     if args.serve:
@@ -253,30 +263,46 @@ def main() -> int:
     try:
         with postgres_schemas(1 if args.workers > 1 else 0) as urls:
             for concurrency in args.concurrency:
-                floor = report(
-                    f"{concurrency} streams, upstream directly",
-                    *asyncio.run(load(port, False, body, concurrency, args.seconds)),
-                    args.tokens,
-                    None,
-                )
-                gateways = {
+                targets = {
                     f"{concurrency} streams, gateway, SQLite": (f"sqlite:///{work / f'{concurrency}.db'}", [])
                 }
                 if args.workers > 1:
-                    gateways[f"{concurrency} streams, gateway, PG, {args.workers} w"] = (
+                    targets[f"{concurrency} streams, gateway, PG, {args.workers} w"] = (
                         urls[0],
                         ["--workers", str(args.workers)],
                     )
-                for name, (db_url, extra) in gateways.items():
-                    with GatewayProcess(
-                        [f"http://127.0.0.1:{port}"], db_url, log_path=work / "gateway.log", extra_args=extra
-                    ) as gateway:
-                        report(
-                            name,
-                            *asyncio.run(load(gateway.port, True, body, concurrency, args.seconds)),
-                            args.tokens,
-                            floor,
+                with contextlib.ExitStack() as running:
+                    gateways = {
+                        name: running.enter_context(
+                            GatewayProcess(
+                                [f"http://127.0.0.1:{port}"],
+                                db_url,
+                                log_path=work / f"gateway-{concurrency}-{index}.log",
+                                extra_args=extra,
+                            )
                         )
+                        for index, (name, (db_url, extra)) in enumerate(targets.items())
+                    }
+                    ratios: dict[str, list[float]] = {name: [] for name in gateways}
+                    for _ in range(args.rounds):
+                        floor = report(
+                            f"{concurrency} streams, upstream directly",
+                            *asyncio.run(load(port, False, body, concurrency, args.seconds)),
+                            args.tokens,
+                            None,
+                        )
+                        for name, gateway in gateways.items():
+                            rate = report(
+                                name,
+                                *asyncio.run(load(gateway.port, True, body, concurrency, args.seconds)),
+                                args.tokens,
+                                floor,
+                            )
+                            ratios[name].append(rate / floor)
+                if args.rounds > 1:
+                    for name, values in ratios.items():
+                        shown = ", ".join(f"{value:.2f}" for value in values)
+                        print(f"{name}: median ratio {statistics.median(values):.2f} ({shown})", flush=True)
     finally:
         upstream.stop()
     print(f"\n(PostgreSQL: {POSTGRES_URL}; logs in {work})")

