@@ -288,13 +288,17 @@ class ChatCapture(TurnCapture):
                 into.completion_ids += ids
             logprobs = choice.get("logprobs")
             if logprobs:
-                content = logprobs.get("content")
-                if content:
-                    for item in content:  # a loop, not a comprehension: that is a call of its own
+                items = logprobs.get("content")
+                if items:
+                    for item in items:  # a loop, not a comprehension: that is a call of its own
                         into.logprobs.append(item["logprob"])
             delta = choice.get("delta")
             if delta:
-                _take_message(into, delta)
+                content = delta.get("content")
+                if content and len(delta) == 1:  # most of a stream's deltas: one token of text
+                    into.content.append(content)
+                else:
+                    _take_message(into, delta)
             finish = choice.get("finish_reason")
             if finish:
                 into.finish_reason = finish
@@ -324,8 +328,6 @@ def _take_message(into: Choice, message: dict[str, Any]) -> None:
     content = message.get("content")
     if content:
         into.content.append(content)
-        if len(message) == 1:  # most of a stream's deltas: one token of text
-            return
     reasoning = message.get("reasoning") or message.get("reasoning_content")
     if reasoning:
         into.reasoning.append(reasoning)
