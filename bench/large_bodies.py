@@ -58,14 +58,13 @@ import fake_vllm
 import numpy as np
 import orjson
 import sqlalchemy as sa
+import stream_load
 
 from gateway.store.database import make_engine
 from testbed.launcher import GatewayProcess
-from testbed.process import ManagedProcess
 
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 VOCAB = 151_000
-COMPLETION_TOKENS = 64
 TOOL_TOKENS = 16  # of the completion: the tool call's markup and arguments
 REPLY_TEXT = (
     "Let me look at this more closely. The failure comes from the request handler, so I will read the "
@@ -383,9 +382,12 @@ class Conversation:
 
 # -- the upstream --------------------------------------------------------------------------------------------
 
-_LOGPROB = {"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}
-_COMPLETION = [(i * 37) % 2000 for i in range(COMPLETION_TOKENS)]
 _MODELS = b'{"object":"list","data":[{"id":"tiny","object":"model","owned_by":"vllm"}]}'
+_TEXT_TOKENS = fake_vllm.COMPLETION_TOKENS - TOOL_TOKENS
+_PIECES = [
+    REPLY_TEXT[i * len(REPLY_TEXT) // _TEXT_TOKENS : (i + 1) * len(REPLY_TEXT) // _TEXT_TOKENS]
+    for i in range(_TEXT_TOKENS)
+]
 
 
 def prompt_ids(body: bytes) -> np.ndarray:
@@ -393,183 +395,50 @@ def prompt_ids(body: bytes) -> np.ndarray:
     return (np.frombuffer(body, dtype="<u4", count=len(body) // 4) % VOCAB).astype("<i4")
 
 
-def _http(payload: bytes, content_type: bytes = b"application/json") -> bytes:
-    return b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
-        content_type,
-        len(payload),
-        payload,
+def whole_reply(ids: np.ndarray, n: int) -> bytes:
+    message = {"role": "assistant", "content": REPLY_TEXT, "tool_calls": [tool_call(n)], "reasoning": None}
+    return fake_vllm.chat_reply(
+        message, "tool_calls", ids, fake_vllm.usage(len(ids), fake_vllm.COMPLETION_TOKENS)
     )
 
 
-def whole_reply(ids: np.ndarray, n: int) -> bytes:
-    body = {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "tiny",
-        "choices": [
-            {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": REPLY_TEXT,
-                    "tool_calls": [tool_call(n)],
-                    "reasoning": None,
-                },
-                "logprobs": {"content": [_LOGPROB] * COMPLETION_TOKENS},
-                "finish_reason": "tool_calls",
-                "stop_reason": None,
-                "token_ids": _COMPLETION,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": int(ids.shape[0]),
-            "completion_tokens": COMPLETION_TOKENS,
-            "total_tokens": int(ids.shape[0]) + COMPLETION_TOKENS,
-        },
-        "prompt_logprobs": None,
-        "prompt_token_ids": ids,
-    }
-    return _http(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
-
-
-def _event(payload: dict[str, Any]) -> bytes:
-    event = b"data: " + orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
-    return b"%x\r\n%s\r\n" % (len(event), event)
-
-
-_BASE = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "tiny"}
-_TEXT_TOKENS = COMPLETION_TOKENS - TOOL_TOKENS
-_PIECES = [
-    REPLY_TEXT[i * len(REPLY_TEXT) // _TEXT_TOKENS : (i + 1) * len(REPLY_TEXT) // _TEXT_TOKENS]
-    for i in range(_TEXT_TOKENS)
-]
-
-
-def _token(delta: dict[str, Any], ids: list[int], finish: str | None = None) -> bytes:
-    choice = {
-        "index": 0,
-        "delta": delta,
-        "logprobs": {"content": [_LOGPROB] * len(ids)} if ids else None,
-        "finish_reason": finish,
-        "token_ids": ids,
-    }
-    return _event({**_BASE, "choices": [choice]})
-
-
 def streamed_reply(ids: np.ndarray, n: int) -> list[bytes]:
-    """The first event (role and prompt ids), then the rest, as two writes."""
-    first = {
-        **_BASE,
-        "choices": [
-            {
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-        ],
-        "prompt_token_ids": ids,
-    }
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    rest = [_token({"content": piece}, [_COMPLETION[i]]) for i, piece in enumerate(_PIECES)]
+    """The head and first event (role and prompt ids), then the rest, as two writes."""
+    completion = fake_vllm.COMPLETION_IDS
+    deltas: list[tuple[dict[str, Any], list[int]]] = [
+        ({"content": piece}, [completion[i]]) for i, piece in enumerate(_PIECES)
+    ]
     call = tool_call(n)
-    half = TOOL_TOKENS // 2
     opening = {
         "index": 0,
         "id": call["id"],
         "type": "function",
         "function": {"name": call["function"]["name"]},
     }
-    rest.append(_token({"tool_calls": [opening]}, _COMPLETION[_TEXT_TOKENS : _TEXT_TOKENS + half]))
     arguments = {"index": 0, "function": {"arguments": call["function"]["arguments"]}}
-    rest.append(_token({"tool_calls": [arguments]}, _COMPLETION[_TEXT_TOKENS + half :]))
-    rest.append(_token({}, [], "tool_calls"))
-    usage = {"prompt_tokens": int(ids.shape[0]), "completion_tokens": COMPLETION_TOKENS}
-    usage["total_tokens"] = usage["prompt_tokens"] + COMPLETION_TOKENS
-    rest.append(_event({**_BASE, "choices": [], "usage": usage}))
-    rest.append(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
-    return [head + _event(first), b"".join(rest)]
+    middle = _TEXT_TOKENS + TOOL_TOKENS // 2
+    deltas.append(({"tool_calls": [opening]}, completion[_TEXT_TOKENS:middle]))
+    deltas.append(({"tool_calls": [arguments]}, completion[middle:]))
+    first, *rest = fake_vllm.stream_events(ids, deltas, "tool_calls")
+    return [fake_vllm.STREAM_HEAD + first, b"".join(rest)]
 
 
-class LargeUpstream(asyncio.Protocol):
+class LargeUpstream(fake_vllm.Requests):
     """Answers each chat call at once (whole or streamed, as asked), anything else with a model list."""
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
-        self.buffer = bytearray()
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
-            head = bytes(self.buffer[:end]).lower()
-            length = next(
-                (
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.startswith(b"content-length:")
-                ),
-                0,
-            )
-            if len(self.buffer) < end + 4 + length:
-                return
-            body = bytes(self.buffer[end + 4 : end + 4 + length])
-            del self.buffer[: end + 4 + length]
-            if not head.startswith(b"post ") or b"chat/completions" not in head.split(b"\r\n", 1)[0]:
-                self.transport.write(_http(_MODELS))
-                continue
-            ids, n = prompt_ids(body), body.count(b'"role":"tool"')
-            if b'"stream":true' in body[:64]:
-                for part in streamed_reply(ids, n):
-                    self.transport.write(part)
-            else:
-                self.transport.write(whole_reply(ids, n))
-
-
-async def serve(port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(LargeUpstream, "127.0.0.1", port)
-    async with server:
-        await server.serve_forever()
-
-
-def start_upstream(work: Path) -> tuple[ManagedProcess, int]:
-    return fake_vllm.start_child(work, lambda port: [__file__, "--serve", str(port)], "large-body upstream")
+    def answer(self, head: bytes, body: bytes) -> None:
+        if not head.startswith(b"post ") or b"chat/completions" not in head.split(b"\r\n", 1)[0]:
+            self.transport.write(fake_vllm.http_reply(_MODELS))
+            return
+        ids, n = prompt_ids(body), body.count(b'"role":"tool"')
+        if b'"stream":true' in body[:64]:
+            for part in streamed_reply(ids, n):
+                self.transport.write(part)
+        else:
+            self.transport.write(whole_reply(ids, n))
 
 
 # -- the load ------------------------------------------------------------------------------------------------
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection (a raw client: the load generator shares the machine)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-
-    async def open(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        """Status and body (a chunked body joined)."""
-        self.writer.write(
-            b"POST %s HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-            % (path.encode(), len(body))
-        )
-        self.writer.write(body)
-        status = int((await self.reader.readline()).split()[1])
-        length, chunked = 0, False
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            lower = line.lower()
-            if lower.startswith(b"content-length:"):
-                length = int(line.split(b":")[1])
-            elif lower.startswith(b"transfer-encoding:") and b"chunked" in lower:
-                chunked = True
-        if not chunked:
-            return status, await self.reader.readexactly(length)
-        parts = []
-        while (size := int((await self.reader.readline()).strip(), 16)) > 0:
-            parts.append(await self.reader.readexactly(size + 2))
-        await self.reader.readline()
-        return status, b"".join(parts)
 
 
 @dataclass
@@ -584,7 +453,7 @@ class Tally:
 
 
 async def rollout(
-    connection: Connection, pool: TextPool, args: argparse.Namespace, size: int, tally: Tally
+    connection: stream_load.Connection, pool: TextPool, args: argparse.Namespace, size: int, tally: Tally
 ) -> None:
     status, created = await connection.post("/rollouts", orjson.dumps({"group_id": uuid.uuid4().hex[:8]}))
     if status != 201:
@@ -625,7 +494,7 @@ async def phase(
     deadline = time.monotonic() + (seconds or 0)
 
     async def agent() -> None:
-        connection = Connection(port)
+        connection = stream_load.Connection(port)
         await connection.open()
         try:
             while True:
@@ -633,7 +502,7 @@ async def phase(
                 if seconds is None or time.monotonic() >= deadline:
                     return
         finally:
-            connection.writer.close()
+            connection.close()
 
     await asyncio.gather(*(agent() for _ in range(args.concurrency)))
     return tally
@@ -723,7 +592,7 @@ def measure(
     )
     database_before = database()
     started = time.perf_counter()
-    tally = asyncio.run(phase(_port(gateway), pool, args, size, args.seconds))
+    tally = run_phase(gateway, pool, args, size, args.seconds)
     elapsed = time.perf_counter() - started
     after = thread_cpu(gateway.pid)
     cpu = {role: after[role] - before.get(role, 0.0) for role in after}
@@ -740,9 +609,30 @@ def measure(
     )
 
 
-def _port(gateway: GatewayProcess) -> int:
+def run_phase(
+    gateway: GatewayProcess, pool: TextPool, args: argparse.Namespace, size: int, seconds: float | None
+) -> Tally:
+    """`phase` against the running gateway, from the synchronous main (an event loop a phase: nothing of the
+    load generator's outlives it)."""
     assert gateway.port is not None, "started"
-    return gateway.port
+    return asyncio.run(phase(gateway.port, pool, args, size, seconds))
+
+
+def measure_all(
+    gateway: GatewayProcess, upstream_pid: int, pool: TextPool, args: argparse.Namespace, sizes: list[int]
+) -> list[Row]:
+    """The measured phases, each printed as it ends (with its first errors): the repeats interleaved across
+    the sizes, so that a drift of the machine's speed reaches every size alike."""
+    rows: list[Row] = []
+    print(HEADER)
+    for repeat in range(1, args.repeats + 1):
+        for size in sizes:
+            row = measure(gateway, upstream_pid, pool, args, size, repeat)
+            print_row(row, rows[0] if rows else None)
+            rows.append(row)
+            for message in row.tally.messages[:3]:
+                print(f"   error: {message}")
+    return rows
 
 
 def parse_size(text: str) -> int:
@@ -808,8 +698,10 @@ def summary(rows: list[Row], sizes: list[int]) -> None:
         )
 
 
-def check_store(db_url: str, answered: int, rollouts: int) -> bool:
-    """Every answered turn stored, each later turn linked to its parent, and what a turn stores."""
+def check_store(db_url: str, tallies: list[Tally]) -> bool:
+    """Every turn answered in the phases of `tallies` stored, each later turn linked to its parent, and what
+    a turn stores."""
+    answered, rollouts = sum(t.calls for t in tallies), sum(t.rollouts for t in tallies)
     engine = make_engine(db_url)
     messages = "LENGTH(CAST(messages AS TEXT))"
     with engine.connect() as conn:
@@ -929,7 +821,7 @@ def main() -> int:
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the upstream's own process
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(args.serve))
+        asyncio.run(fake_vllm.serve(LargeUpstream, args.serve))
         return 0
     if args.summarize:
         summarize(Path(args.summarize), args.top)
@@ -938,7 +830,7 @@ def main() -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="gateway-large-bodies-"))
     pool = TextPool(max(256 * 1024, 2 * max(sizes) // max(1, args.turns - 1)))
-    upstream, port = start_upstream(work)
+    upstream, port = fake_vllm.start(work, script=__file__, name="large-body upstream")
     assert upstream.process is not None
     mode = "streamed" if args.stream else "whole"
     print(
@@ -947,33 +839,20 @@ def main() -> int:
         f"system; loop: its event loop's thread, threads: the others, the store writer above all); x: ratio "
         f"to the first {label(sizes[0])} row\n"
     )
-    rows: list[Row] = []
-    ok = True
     try:
         with database(args.db, work, f"large-{mode}") as db_url:
             flags = ["--max-connections", str(4 * args.concurrency)]
             with GatewayProcess(
                 [f"http://127.0.0.1:{port}"], db_url, log_path=work / "gateway.log", extra_args=flags
             ) as gateway:
-                answered = rollouts = 0
-                for size in sizes:  # warm-up: one rollout per agent
-                    warm = asyncio.run(phase(_port(gateway), pool, args, size, None))
-                    answered, rollouts = answered + warm.calls, rollouts + warm.rollouts
-                print(HEADER)
-                for repeat in range(1, args.repeats + 1):
-                    for size in sizes:
-                        row = measure(gateway, upstream.process.pid, pool, args, size, repeat)
-                        answered, rollouts = answered + row.tally.calls, rollouts + row.tally.rollouts
-                        print_row(row, rows[0] if rows else None)
-                        rows.append(row)
-                        for message in row.tally.messages[:3]:
-                            print(f"   error: {message}")
-                        ok = ok and not row.tally.errors
+                # warm-up: one rollout per agent
+                tallies = [run_phase(gateway, pool, args, size, None) for size in sizes]
+                rows = measure_all(gateway, upstream.process.pid, pool, args, sizes)
                 summary(rows, sizes)
+                tallies += [row.tally for row in rows]
                 if args.py_spy:
-                    profiled = _profiled(gateway, pool, args, sizes[-1])
-                    answered, rollouts = answered + profiled.calls, rollouts + profiled.rollouts
-            ok = check_store(db_url, answered, rollouts) and ok
+                    tallies.append(_profiled(gateway, pool, args, sizes[-1]))
+            ok = check_store(db_url, tallies) and not any(row.tally.errors for row in rows)
     finally:
         upstream.stop()
     print(f"(logs in {work})")
@@ -1002,7 +881,7 @@ def _profiled(gateway: GatewayProcess, pool: TextPool, args: argparse.Namespace,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    tally = asyncio.run(phase(_port(gateway), pool, args, size, args.py_spy_seconds + 1))
+    tally = run_phase(gateway, pool, args, size, args.py_spy_seconds + 1)
     _, errors = py_spy.communicate()
     if py_spy.returncode:
         print(f"py-spy failed: {errors.decode()[-500:]}")

@@ -34,7 +34,6 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,66 +71,20 @@ class Tally:
         self.kinds[kind[:300]] += 1
 
 
-class Connection:
-    """One keep-alive HTTP/1.1 connection (a raw client: the load generator shares the machine)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-
-    async def open(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
-
-    def close(self) -> None:
-        self.writer.close()
-
-    async def request(self, path: str, body: bytes) -> tuple[int, dict[bytes, bytes]]:
-        """Send a POST; its status and headers (lower-cased names)."""
-        head = (
-            f"POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n"
-        )
-        self.writer.write(head.encode() + body)
-        line = await self.reader.readline()
-        if not line:
-            raise ConnectionResetError("the gateway closed the connection")
-        status = int(line.split()[1])
-        headers = {}
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower()] = value.strip()
-        return status, headers
-
-    async def body(self, headers: dict[bytes, bytes]) -> bytes:
-        if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-            return b"".join([chunk async for chunk in self.chunks()])
-        return await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """A chunked body's chunks, up to the terminating 0-size chunk."""
-        while True:
-            size = int((await self.reader.readline()).split(b";")[0].strip(), 16)
-            if size == 0:
-                while await self.reader.readline() not in (b"\r\n", b""):  # trailers
-                    pass
-                return
-            data = await self.reader.readexactly(size + 2)
-            yield data[:-2]
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        status, headers = await self.request(path, body)
-        return status, await self.body(headers)
+class Connection(stream_load.Connection):
+    """bench/stream_load.py's raw keep-alive client, with the soak's streamed call."""
 
     async def stream(self, path: str, body: bytes, tally: Tally, started: float) -> str | None:
         """A streamed call: None when answered (200, `[DONE]`, no error event), else what went wrong. Counts
         the tokens received (events that carry content) and the time to the first one."""
-        status, headers = await self.request(path, body)
-        if status != 200 or b"chunked" not in headers.get(b"transfer-encoding", b""):
-            return f"{status}: {(await self.body(headers))[:200].decode(errors='replace')}"
+        status, length = await self.request(path, body)
+        if status != 200 or length is not None:
+            return f"{status}: {(await self.body(length))[:200].decode(errors='replace')}"
         done = False
         error: str | None = None
         tokens = 0
         tail = b""
-        async for data in self.chunks():
+        while (data := await self.chunk()) is not None:
             content = data.count(b'"content":"') - data.count(b'"content":""')
             if content and not tokens:
                 tally.first_token.append((time.perf_counter() - started) * 1000)

@@ -8,13 +8,13 @@ The upstream (`StreamingUpstream`, a child process) streams each reply as vLLM d
 and `logprobs`: a first chunk with the role and the prompt's ids, then one chunk per token (its text, id and
 logprob), the finish, the usage and `[DONE]`; `--pace-ms` waits between a stream's chunks (0: as fast as the
 event loop turns, each chunk its own write). Each of `--concurrency` connections calls in a loop for
-`--seconds`, in rollouts of 20 calls through the gateway (as `bench/gateway_overhead.py`); the load
-generator is a raw-socket HTTP/1.1 client. It prints tokens/s, calls/s and time to the first token (p50,
-p99) directly and through the gateway (SQLite; with `--workers N`, PostgreSQL behind `gateway serve --workers
-N` too), and their ratio. Every process shares this machine's cores. With `--rounds N` each target runs N
-times, the upstream directly and through each gateway in turn, and the median ratio is printed: on a
-machine whose speed drifts (a shared virtual machine), a ratio to the direct run just before is steadier
-than one run of each.
+`--seconds`, in rollouts of 20 calls through the gateway (as `bench/gateway_overhead.py`); the load generator
+is a raw-socket HTTP/1.1 client (`Connection`, bench/large_bodies.py's too). It prints tokens/s, calls/s and
+time to the first token (p50, p99) directly and through the gateway (SQLite; with `--workers N`, PostgreSQL
+behind `gateway serve --workers N` too), and their ratio. Every process shares this machine's cores. With
+`--rounds N` each target runs N times, the upstream directly and through each gateway in turn, and the median
+ratio is printed: on a machine whose speed drifts (a shared virtual machine), a ratio to the direct run just
+before is steadier than one run of each.
 """
 
 from __future__ import annotations
@@ -35,110 +35,48 @@ import orjson
 from gateway_overhead import POSTGRES_URL, paths_for, postgres_schemas
 
 from testbed.launcher import GatewayProcess
-from testbed.process import ManagedProcess
-
-PROMPT_TOKENS = 3200
-
-
-def sse(payload: dict) -> bytes:
-    """One server-sent event as one HTTP chunk."""
-    event = b"data: " + orjson.dumps(payload) + b"\n\n"
-    return b"%x\r\n%s\r\n" % (len(event), event)
 
 
 def stream_chunks(tokens: int) -> list[bytes]:
-    """A whole streamed reply of `tokens` tokens, as vLLM writes it (one chunk per token)."""
-    base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "tiny"}
-    first = {
-        **base,
-        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
-        "prompt_token_ids": [(i * 13) % 2000 for i in range(PROMPT_TOKENS)],
-    }
-    chunks = [sse(first)]
-    for i in range(tokens):
-        token = {
-            "index": 0,
-            "delta": {"content": "x"},
-            "logprobs": {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}]},
-            "finish_reason": None,
-            "token_ids": [(i * 37) % 2000],
-        }
-        chunks.append(sse({**base, "choices": [token]}))
-    done = {"index": 0, "delta": {}, "finish_reason": "length", "stop_reason": None, "token_ids": []}
-    chunks.append(sse({**base, "choices": [done]}))
-    usage = {
-        "prompt_tokens": PROMPT_TOKENS,
-        "completion_tokens": tokens,
-        "total_tokens": PROMPT_TOKENS + tokens,
-    }
-    chunks.append(sse({**base, "choices": [], "usage": usage}))
-    chunks.append(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
-    return chunks
+    """A whole streamed reply of `tokens` tokens after its head, one chunk a token (as vLLM writes it)."""
+    deltas = [({"content": "x"}, [(i * 37) % 2000]) for i in range(tokens)]
+    return fake_vllm.stream_events(fake_vllm.PROMPT_IDS, deltas, "length")
 
 
-HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-
-
-class StreamingUpstream(asyncio.Protocol):
+class StreamingUpstream(fake_vllm.Requests):
     """Streams `chunks` for every POST; answers anything else (the gateway's health checks) with `{}`."""
 
     chunks: ClassVar[list[bytes]] = []
     pace: ClassVar[float] = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
-        self.buffer = b""
+        super().connection_made(transport)
         self.queue: asyncio.Queue[bool] = asyncio.Queue()
         self.task = asyncio.ensure_future(self.serve())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.task.cancel()
 
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
-            head = self.buffer[:end].lower()
-            length = next(
-                (
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.startswith(b"content-length:")
-                ),
-                0,
-            )
-            if len(self.buffer) < end + 4 + length:
-                return
-            self.buffer = self.buffer[end + 4 + length :]
-            self.queue.put_nowait(head.startswith(b"post "))
+    def answer(self, head: bytes, body: bytes) -> None:
+        """Queued: a stream's chunks are paced, and the next call on the connection waits for them."""
+        self.queue.put_nowait(head.startswith(b"post "))
 
     async def serve(self) -> None:
         while True:
             streamed = await self.queue.get()
             if not streamed:
-                self.transport.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-                )
+                self.transport.write(fake_vllm.http_reply(b"{}"))
                 continue
-            self.transport.write(HEAD)
+            self.transport.write(fake_vllm.STREAM_HEAD)
             for chunk in self.chunks:
                 self.transport.write(chunk)
                 await asyncio.sleep(self.pace)
 
 
-def start_upstream(work: Path, tokens: int, pace_ms: float) -> tuple[ManagedProcess, int]:
-    return fake_vllm.start_child(
-        work,
-        lambda port: [__file__, "--serve", str(port), "--tokens", str(tokens), "--pace-ms", str(pace_ms)],
-        "streaming upstream",
-    )
-
-
 async def serve(port: int, tokens: int, pace_ms: float) -> None:
     StreamingUpstream.chunks = stream_chunks(tokens)
     StreamingUpstream.pace = pace_ms / 1000
-    server = await asyncio.get_running_loop().create_server(StreamingUpstream, "127.0.0.1", port)
-    async with server:
-        await server.serve_forever()
+    await fake_vllm.serve(StreamingUpstream, port)
 
 
 def agent_body(kb: float, tokens: int) -> bytes:
@@ -155,31 +93,75 @@ class Tally:
     first_token_ms: list[float] = field(default_factory=list)
 
 
-async def stream_call(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, body: bytes
-) -> float:
-    """One streamed call on a keep-alive connection: its time to the first token (ms); raises on failure."""
+_POST = b"POST %s HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection to 127.0.0.1 (a raw client: the load generator shares the machine,
+    so its cost per call must be small beside the gateway's)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
+
+    def close(self) -> None:
+        self.writer.close()
+
+    async def request(self, path: str, body: bytes) -> tuple[int, int | None]:
+        """Send a POST, head and body in one write (one piece to the server where it fits); its status and
+        its body's length (None: chunked)."""
+        self.writer.writelines((_POST % (path.encode(), len(body)), body))
+        line = await self.reader.readline()
+        if not line:
+            raise ConnectionResetError("the server closed the connection")
+        status = int(line.split()[1])
+        length: int | None = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            lower = line.lower()
+            if lower.startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+            elif lower.startswith(b"transfer-encoding:") and b"chunked" in lower:
+                length = None
+        return status, length
+
+    async def chunk(self) -> bytes | None:
+        """The next chunk of a chunked body, with its closing CRLF (None after the last)."""
+        size = int((await self.reader.readline()).strip(), 16)
+        if size == 0:
+            await self.reader.readline()
+            return None
+        return await self.reader.readexactly(size + 2)
+
+    async def body(self, length: int | None) -> bytes:
+        """A body of `length` bytes, or a chunked one's chunks joined (each with its CRLF)."""
+        if length is not None:
+            return await self.reader.readexactly(length)
+        parts = []
+        while (part := await self.chunk()) is not None:
+            parts.append(part)
+        return b"".join(parts)
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """Status and body."""
+        status, length = await self.request(path, body)
+        return status, await self.body(length)
+
+
+async def stream_call(connection: Connection, path: str, body: bytes) -> float:
+    """One streamed call: its time to the first token (ms); raises on failure."""
     started = time.perf_counter()
-    writer.write(
-        b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-        % (path.encode(), len(body), body)
-    )
-    status = await reader.readline()
-    while await reader.readline() not in (b"\r\n", b""):
-        pass
-    if b" 200 " not in status:
-        raise RuntimeError(status.decode().strip())
+    status, _ = await connection.request(path, body)
+    if status != 200:
+        raise RuntimeError(f"status {status}")
     events = 0
     first = 0.0
-    while True:
-        size = int((await reader.readline()).strip(), 16)
-        if size == 0:
-            await reader.readline()
-            return first
-        data = await reader.readexactly(size + 2)
+    while (data := await connection.chunk()) is not None:
         events += data.count(b"data: ")
         if not first and events >= 2:  # the role's event, then the first token's
             first = (time.perf_counter() - started) * 1000
+    return first
 
 
 async def load(
@@ -188,24 +170,25 @@ async def load(
     tally = Tally()
     deadline = time.perf_counter() + seconds
 
-    async def connection() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    async def calls() -> None:
+        connection = Connection(port)
+        await connection.open()
         paths = paths_for("gateway" if through_gateway else "direct")
         try:
             while time.perf_counter() < deadline:
                 path = next(paths)
                 try:
-                    tally.first_token_ms.append(await stream_call(reader, writer, path, body))
+                    tally.first_token_ms.append(await stream_call(connection, path, body))
                     tally.calls += 1
                 except (RuntimeError, ValueError, asyncio.IncompleteReadError, ConnectionError):
                     tally.failed += 1
-                    writer.close()
-                    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+                    connection.close()
+                    await connection.open()
         finally:
-            writer.close()
+            connection.close()
 
     started = time.perf_counter()
-    await asyncio.gather(*(connection() for _ in range(concurrency)))
+    await asyncio.gather(*(calls() for _ in range(concurrency)))
     return tally, time.perf_counter() - started
 
 
@@ -253,7 +236,15 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="gateway-stream-bench-"))
     body = agent_body(args.body_kb, args.tokens)
-    upstream, port = start_upstream(work, args.tokens, args.pace_ms)
+    upstream, port = fake_vllm.start(
+        work,
+        "--tokens",
+        str(args.tokens),
+        "--pace-ms",
+        str(args.pace_ms),
+        script=__file__,
+        name="streaming upstream",
+    )
     print(
         f"{args.tokens} tokens a reply, {len(body) / 1024:.1f} KB requests, upstream pace {args.pace_ms} ms, "
         f"{args.seconds:.0f} s a run\n"
