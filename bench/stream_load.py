@@ -8,13 +8,13 @@ The upstream (`StreamingUpstream`, a child process) streams each reply as vLLM d
 and `logprobs`: a first chunk with the role and the prompt's ids, then one chunk per token (its text, id and
 logprob), the finish, the usage and `[DONE]`; `--pace-ms` waits between a stream's chunks (0: as fast as the
 event loop turns, each chunk its own write). Each of `--concurrency` connections calls in a loop for
-`--seconds`, in rollouts of 20 calls through the gateway (as `bench/gateway_overhead.py`); the load generator
-is a raw-socket HTTP/1.1 client (`Connection`, bench/large_bodies.py's too). It prints tokens/s, calls/s and
-time to the first token (p50, p99) directly and through the gateway (SQLite; with `--workers N`, PostgreSQL
-behind `gateway serve --workers N` too), and their ratio. Every process shares this machine's cores. With
-`--rounds N` each target runs N times, the upstream directly and through each gateway in turn, and the median
-ratio is printed: on a machine whose speed drifts (a shared virtual machine), a ratio to the direct run just
-before is steadier than one run of each.
+`--seconds`, in rollouts of 20 calls through the gateway (as `bench/gateway_overhead.py`); the load
+generator is a raw-socket HTTP/1.1 client (`Connection`, large_bodies.py's and soak.py's too). It prints
+tokens/s, calls/s and time to the first token (p50, p99) directly and through the gateway (SQLite; with
+`--workers N`, PostgreSQL behind `gateway serve --workers N` too), and their ratio. Every process shares this
+machine's cores. With `--rounds N` each target runs N times, the upstream directly and through each gateway
+in turn, and the median ratio is printed: on a machine whose speed drifts (a shared virtual machine), a ratio
+to the direct run just before is steadier than one run of each.
 """
 
 from __future__ import annotations

@@ -3,16 +3,15 @@ agent would get had they come one at a time."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
+from test_sse import data
 
 from gateway.anthropic.wire import AnthropicWire
 from gateway.responses.items import ResponseShape
 from gateway.responses.translate import ToolNames
 from gateway.responses.wire import ResponsesWire
-from gateway.turns.sse import sse_batches
 from gateway.turns.wire import OpenAIWire, Wire
 
 
@@ -57,22 +56,10 @@ def together(wire: Wire, *sizes: int) -> bytes:
     return b"".join(written) + wire.done()
 
 
-def events(stream: bytes) -> list[bytes]:
-    async def read_all() -> list[bytes]:
-        reads = iter([stream])
-
-        async def read() -> bytes:
-            return next(reads, b"")
-
-        return [data async for batch in sse_batches(read) for data in batch]
-
-    return asyncio.run(read_all())
-
-
 def test_openai_chunks_written_together_are_one_event_each_as_vllm_sent_them():
     written = OpenAIWire().chunks(CHUNKS)
     assert written == b"".join(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in CHUNKS)
-    assert [orjson.loads(data) for data in events(written)] == CHUNKS
+    assert [orjson.loads(event) for event in data([written])] == CHUNKS
 
 
 def test_openai_chunks_written_together_are_the_bytes_of_one_at_a_time():
