@@ -30,15 +30,19 @@ class FakeReply:
 
     async def body(self) -> bytes:
         if self._broken:
-            raise BackendStreamError("backend reply broke off: ServerDisconnectedError()")
+            raise BackendStreamError("backend reply broke off: connection closed mid-reply")
         return self._content
 
     async def read(self) -> bytes:
         if self._chunks:
             return self._chunks.pop(0)
         if self._broken:
-            raise BackendStreamError("backend stream broke off: ServerDisconnectedError()")
+            raise BackendStreamError("backend stream broke off: connection closed mid-reply")
         return b""
+
+    def ended(self) -> None:
+        """Let go of at the stream's [DONE], as `close` lets go of it otherwise."""
+        self.closed = True
 
     def close(self) -> None:
         self.closed = True

@@ -386,7 +386,15 @@ def test_the_image_install_serves_the_api_docs_with_their_assets_from_itself(ser
     assert httpx.get(f"{served.url}/openapi.json", timeout=TIMEOUT).json()["info"]["title"] == "rl-gateway"
 
 
-WEB_SERVER = ("fastapi", "starlette", "uvicorn", "aiohttp", "prometheus_client", "pydantic_settings")
+WEB_SERVER = (
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "aiohttp",
+    "httptools",
+    "prometheus_client",
+    "pydantic_settings",
+)
 
 
 def test_a_trainer_install_has_no_web_server_and_its_gateway_command_names_the_extra_that_serves(trainer_env):

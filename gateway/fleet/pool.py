@@ -1,9 +1,7 @@
-"""The vLLM servers behind the gateway: one pooled aiohttp session, the servers as this process holds them
-(`gateway.replicas.apply` keeps them as the run state says), and each call sent to its rollout's server
-(`gateway.fleet.placement`).
-
-aiohttp rather than httpx on this path: it costs a fraction of httpx's per-request overhead (measured in
-bench/gateway_overhead.py).
+"""The vLLM servers behind the gateway: the servers as this process holds them (`gateway.replicas.apply`
+keeps them as the run state says), and each call sent to its rollout's server (`gateway.fleet.placement`)
+over the turn path's own HTTP/1.1 client (`http1.py`); health checks and control calls go through one pooled
+aiohttp session.
 """
 
 from __future__ import annotations
@@ -13,11 +11,19 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import aiohttp
 
 from gateway.fleet import health
+from gateway.fleet.http1 import (
+    BrokenReply,
+    ConnectFailed,
+    Connection,
+    ConnectTimeout,
+    Disconnected,
+    Http1Client,
+    ReplyTimeout,
+)
 from gateway.fleet.placement import Placement
 from gateway.fleet.replies import BackendFailure, BackendReply, Routed
 from gateway.fleet.routing import usable
@@ -26,14 +32,16 @@ from gateway.fleet.weight_versions import FleetWeights
 
 log = logging.getLogger(__name__)
 
-_UNWRITTEN = "Can not write request body"
-"""How aiohttp words a request whose body could not be sent: the server cannot have acted on it."""
 _CONTROL_CONNECTIONS = 8
 """Connections to each server beyond the calls' own, for health checks and the fleet's control calls (pause,
 weights): they never wait behind agent calls."""
 
 
-class ServerLost(aiohttp.ClientConnectionError):
+_KEEPALIVE = 4.0
+"""Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are reused."""
+
+
+class ServerLost(Exception):
     """A server dropped a call and then refused a new connection: it went away, maybe with the call."""
 
 
@@ -68,15 +76,20 @@ class BackendPool:
         self.connect_timeout = connect_timeout
         self.ejected: Callable[[Server], None] = lambda _server: None
         """Called when a call finds a server unreachable (`gateway.replicas.publish` tells every process)."""
+        # The gateway's own credentials (vLLM's --api-key); an agent's are never forwarded.
+        authorization = f"Bearer {api_key}" if api_key else None
+        self._calls = Http1Client(
+            connect_timeout=connect_timeout,
+            read_timeout=timeout,
+            keepalive=_KEEPALIVE,
+            authorization=authorization,
+        )
         self._session = aiohttp.ClientSession(
-            # Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are
-            # reused.
             connector=aiohttp.TCPConnector(
-                limit=0, limit_per_host=max_connections + _CONTROL_CONNECTIONS, keepalive_timeout=4.0
+                limit=0, limit_per_host=_CONTROL_CONNECTIONS, keepalive_timeout=_KEEPALIVE
             ),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout),
-            # The gateway's own credentials (vLLM's --api-key); an agent's are never forwarded.
-            headers={"authorization": f"Bearer {api_key}"} if api_key else None,
+            headers={"authorization": authorization} if authorization else None,
         )
 
     @property
@@ -124,13 +137,11 @@ class BackendPool:
             server.in_flight += 1
             server.requests += 1
             try:
-                response = await self._post(
-                    server.url + path, data=body, headers={"content-type": "application/json"}
-                )
+                connection = await self._post(server.url, path, body)
             except asyncio.CancelledError:
                 _left(server)
                 raise
-            except aiohttp.ConnectionTimeoutError as exc:  # before ClientConnectorError: not a refusal
+            except ConnectTimeout as exc:  # not a refusal: the server is busy
                 self._failed(server)
                 raise BackendFailure(
                     "busy",
@@ -138,27 +149,25 @@ class BackendPool:
                     "it is busy, not gone; retry",
                     server.url,
                 ) from exc
-            except aiohttp.ClientConnectorError as exc:
+            except ConnectFailed as exc:
                 self._failed(server)
-                self._eject(server, f"connection failed: {exc!r}")
+                self._eject(server, f"connection failed: {exc}")
                 last_error, moved_from = exc, moved_from or server.url
                 continue
             except ServerLost as exc:
                 self._failed(server)
-                self._eject(server, f"went away: {exc.__cause__!r}")
-                raise BackendFailure(
-                    "failed", f"backend {server.url} went away: {exc!r}", server.url
-                ) from exc
-            except TimeoutError as exc:
+                self._eject(server, f"went away: {exc.__cause__}")
+                raise BackendFailure("failed", f"backend {server.url} went away: {exc}", server.url) from exc
+            except ReplyTimeout as exc:
                 self._failed(server)
                 raise BackendFailure("timeout", f"backend {server.url} timed out", server.url) from exc
-            except aiohttp.ClientError as exc:
+            except (Disconnected, BrokenReply) as exc:
                 self._failed(server)
-                raise BackendFailure("failed", f"backend {server.url} failed: {exc!r}", server.url) from exc
+                raise BackendFailure("failed", f"backend {server.url} failed: {exc}", server.url) from exc
             server.took(time.monotonic() - started)
-            if response.status >= 500:
+            if connection.status >= 500:
                 server.errors += 1
-            return Routed(server.url, BackendReply(response, partial(_left, server)), moved_from)
+            return Routed(server.url, BackendReply(connection, partial(_left, server)), moved_from)
         message = f"no backend reachable ({', '.join(self.servers)}): {last_error!r}"
         raise BackendFailure("unreachable", message) from last_error
 
@@ -194,38 +203,39 @@ class BackendPool:
             server.healthy = False
             self.ejected(server)
 
-    async def _post(self, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        """POST, once more if the server closed the connection before answering or before the body was
-        written. The usual cause is a pooled idle connection the server closed just as it was reused (the
-        request never got through). A server that really went away refuses the second attempt: it may have
-        died with the call at work, so the call fails (ServerLost) rather than moving to another server,
-        whether the kill reached the client as a close or a reset."""
+    async def _post(self, base: str, path: str, body: bytes) -> Connection:
+        """POST, once more if the server closed the connection before answering. The usual cause is a pooled
+        idle connection the server closed just as it was reused (the request never got through). A server
+        that really went away refuses the second attempt: it may have died with the call at work, so the call
+        fails (ServerLost) rather than moving to another server, whether the kill reached the client as a
+        close or a reset."""
         try:
-            return await self._session.post(url, **kwargs)
-        except aiohttp.ServerDisconnectedError:
-            return await self._post_again(url, **kwargs)
-        except aiohttp.ClientOSError as exc:
-            if not str(exc.strerror).startswith(_UNWRITTEN):
-                raise
-            return await self._post_again(url, **kwargs)
-
-    async def _post_again(self, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+            return await self._calls.post(base, path, body)
+        except Disconnected:
+            pass
         try:
-            return await self._session.post(url, **kwargs)
-        except aiohttp.ConnectionTimeoutError:
-            raise  # slow to accept: busy, not gone
-        except aiohttp.ClientConnectorError as exc:
-            raise ServerLost(f"{url} closed a call's connection, then refused a new one") from exc
+            return await self._calls.post(base, path, body)
+        except ConnectFailed as exc:
+            raise ServerLost(f"{base} closed a call's connection, then refused a new one") from exc
 
     async def call_one(self, url: str, body: object, params: dict[str, str] | None = None) -> str | None:
-        """POST to one server; what went wrong, or None."""
+        """POST to one server; what went wrong, or None. Sent once more if the server closed the connection
+        before answering (an idle connection it closed as it was reused)."""
         try:
-            response = await self._post(url, params=params, json=body)
-            async with response:
-                if response.status != 200:
-                    return f"{url}: HTTP {response.status} {(await response.text())[:200]}"
+            return await self._call(url, body, params)
+        except aiohttp.ServerDisconnectedError:
+            pass
         except (TimeoutError, aiohttp.ClientError) as exc:
             return f"{url}: {exc!r}"
+        try:
+            return await self._call(url, body, params)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return f"{url}: {exc!r}"
+
+    async def _call(self, url: str, body: object, params: dict[str, str] | None) -> str | None:
+        async with self._session.post(url, params=params, json=body) as response:
+            if response.status != 200:
+                return f"{url}: HTTP {response.status} {(await response.text())[:200]}"
         return None
 
     async def call_all(
@@ -317,6 +327,7 @@ class BackendPool:
         return bool(known)
 
     async def close(self) -> None:
+        self._calls.close()
         await self._session.close()
 
 

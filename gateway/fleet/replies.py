@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-import aiohttp
+from gateway.fleet.http1 import BrokenReply, Connection, ReplyTimeout
 
 
 class BackendStreamError(Exception):
@@ -26,37 +26,41 @@ class BackendFailure(Exception):
 
 
 class BackendReply:
-    def __init__(self, response: aiohttp.ClientResponse, on_done: Callable[[], None] = lambda: None) -> None:
-        self._response = response
-        self.status = response.status
+    def __init__(self, connection: Connection, on_done: Callable[[], None] = lambda: None) -> None:
+        self._connection = connection
+        self.status = connection.status
         self._on_done: Callable[[], None] | None = on_done
 
     async def body(self) -> bytes:
         try:
-            return await self._response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise BackendStreamError(f"backend reply broke off: {exc!r}") from exc
+            return await self._connection.body()
+        except (ReplyTimeout, BrokenReply) as exc:
+            raise BackendStreamError(f"backend reply broke off: {exc}") from exc
         finally:
-            self._response.release()
-            self._done()
+            self.close()
 
     async def read(self) -> bytes:
         """What has arrived of a streamed reply since the last read, once something has; b"" at its end. A
         method, not a generator: a stream's every read passes through here."""
         try:
-            return await self._response.content.readany()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise BackendStreamError(f"backend stream broke off: {exc!r}") from exc
+            return await self._connection.read()
+        except (ReplyTimeout, BrokenReply) as exc:
+            raise BackendStreamError(f"backend stream broke off: {exc}") from exc
+
+    def ended(self) -> None:
+        """The stream said its last ([DONE]): the connection serves another call once the reply's framing
+        ends, which may come in a later read."""
+        self._let_go(Connection.drain)
 
     def close(self) -> None:
         """Drop the connection if the reply was not read to the end (vLLM then aborts the request)."""
-        self._response.close()
-        self._done()
+        self._let_go(Connection.release)
 
-    def _done(self) -> None:
-        """The call no longer loads its server (counted once)."""
+    def _let_go(self, how: Callable[[Connection], None]) -> None:
+        """The connection is let go of once, and the call no longer loads its server."""
         done, self._on_done = self._on_done, None
         if done is not None:
+            how(self._connection)
             done()
 
 

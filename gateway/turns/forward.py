@@ -206,6 +206,7 @@ async def _chunks(
             try:
                 for data in batch:
                     if data == b"[DONE]":
+                        reply.ended()
                         recorder.timed("relay", first)
                         return
                     chunk = capture.read_chunk(data, asked)

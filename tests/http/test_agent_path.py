@@ -96,7 +96,7 @@ async def test_a_stream_that_breaks_off_keeps_what_was_generated_in_its_error_tu
     assert '"code":"backend_error"' in answer.text
     turns = (await gw.rollout("r1"))["turns"]
     assert len(turns) == 1
-    assert turns[0]["error"] == "backend stream broke off: ServerDisconnectedError()"
+    assert turns[0]["error"] == "backend stream broke off: connection closed mid-reply"
     assert turns[0]["completion_token_ids"] == [10, 11]
 
 
@@ -162,7 +162,7 @@ async def test_a_prompt_too_long_for_the_engine_is_context_length_exceeded(gw):
             FakeReply(200, broken=True),
             502,
             "backend_error",
-            "backend reply broke off: ServerDisconnectedError()",
+            "backend reply broke off: connection closed mid-reply",
         ),
         (
             BackendFailure("unreachable", "no backend reachable"),

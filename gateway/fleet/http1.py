@@ -1,0 +1,321 @@
+"""The HTTP/1.1 client of the turn path: each call to vLLM on a kept-alive connection to its server, and a
+reply's body handed over as what each network read brought.
+
+Not aiohttp here, where every streamed token passes: vLLM writes each token as its own HTTP chunk, and
+aiohttp's stream reader runs several Python methods per chunk (begin, feed, end, then a read of each).
+httptools' parser (C, the one uvicorn serves with) strips the chunk framing and appends each chunk's bytes to
+a list with no Python frame between them: the relay pays per network read, not per token. The fleet's few
+other calls (health checks, pause, weights) stay on aiohttp (`pool.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+_HIGH_WATER = 1 << 18
+"""Bytes of a reply held unread before the server's socket stops being read (an agent reading slower than
+the engine writes): the engine's own send buffer then fills and vLLM waits, rather than the gateway's memory
+growing."""
+
+
+class ConnectTimeout(Exception):
+    """The server did not accept a connection in time: busy, not gone."""
+
+
+class ConnectFailed(Exception):
+    """The connection was refused or the server is unreachable."""
+
+
+class Disconnected(Exception):
+    """The connection closed before the reply began: an idle one the server had closed, or a server that
+    went away with the request."""
+
+
+class ReplyTimeout(TimeoutError):
+    """Nothing arrived from the server for the read timeout."""
+
+
+class BrokenReply(Exception):
+    """The reply broke off, or was not HTTP."""
+
+
+class Connection(asyncio.Protocol):
+    """One connection to a server, one exchange at a time. `read` hands over the body bytes that have arrived
+    since the last read; `release` gives the connection back once its reply has ended."""
+
+    def __init__(self, idle: list[Connection], read_timeout: float, keepalive: float) -> None:
+        self._idle = idle
+        """Its server's idle connections, which it joins when an exchange ends cleanly."""
+        self._read_timeout = read_timeout
+        self._keepalive = keepalive
+        self._transport: asyncio.Transport | None = None
+        self._pieces: list[bytes] = []
+        self.on_body = self._pieces.append
+        """httptools' body callback: a builtin method, so a chunk costs no Python call."""
+        self._parser: httptools.HttpResponseParser | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._buffered = 0
+        self._paused = False
+        self._framed = False
+        self._complete = False
+        self._keep_alive = False
+        self._draining: asyncio.TimerHandle | None = None
+        self._error: Exception | None = None
+        self.status = 0
+        """The reply's status; 0 until its head has arrived."""
+        self.idle_since = 0.0
+        self.lost = False
+
+    # -- the protocol's events ------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is one, not by inheritance
+
+    def data_received(self, data: bytes) -> None:
+        if self._parser is None:  # nothing was asked: a server talking out of turn is not to be trusted
+            self._close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(BrokenReply(f"not an HTTP reply: {exc}"))
+            self._close()
+            return
+        self._buffered += len(data)
+        if self._buffered > _HIGH_WATER and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self in self._idle:
+            self._idle.remove(self)
+        if self._parser is None or self._complete:
+            return
+        why = f": {exc}" if exc is not None else ""
+        if not self.status:
+            self._fail(Disconnected(f"connection closed before the reply{why}"))
+        elif self._framed or exc is not None:
+            self._fail(BrokenReply(f"connection closed mid-reply{why}"))
+        else:  # a body that runs to the close of the connection
+            self._complete = True
+            self._wake()
+
+    # -- httptools' callbacks -------------------------------------------------------------------------------
+
+    def on_header(self, name: bytes, _value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None
+        self.status = self._parser.get_status_code()
+
+    def on_message_complete(self) -> None:
+        assert self._parser is not None
+        self._complete = True
+        self._keep_alive = self._parser.should_keep_alive()  # llhttp forgets it once the message is over
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+            self._pieces.clear()
+            self._idle_again()
+        self._wake()
+
+    # -- one exchange ---------------------------------------------------------------------------------------
+
+    async def exchange(self, request: bytes, body: bytes) -> int:
+        """Send a request; its reply's status, once its head has arrived."""
+        assert self._transport is not None
+        self._parser = httptools.HttpResponseParser(self)
+        self._complete = self._framed = self._keep_alive = False
+        self._error = None
+        self.status = 0
+        self._buffered = 0
+        self._transport.write(request)
+        self._transport.write(body)
+        while not self.status:
+            await self._wait()
+        return self.status
+
+    async def read(self) -> bytes:
+        """The body bytes that arrived since the last read, once some have; b"" at the reply's end."""
+        while not self._pieces:
+            if self._complete:
+                return b""
+            await self._wait()
+        pieces = self._pieces
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        pieces.clear()
+        self._buffered = 0
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+        return data
+
+    async def body(self) -> bytes:
+        """The whole body."""
+        parts = []
+        while data := await self.read():
+            parts.append(data)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """The caller is done: back to the idle connections if the reply has ended; dropped otherwise, which
+        tells vLLM to abort the request."""
+        if self._complete and self._error is None:
+            self._idle_again()
+        else:
+            self._close()
+
+    def drain(self) -> None:
+        """The caller has all it wants of a reply whose last bytes (the chunked body's end) may still be on
+        their way: the connection goes back to the idle ones when they arrive, and is dropped if they do not
+        within the keep-alive time."""
+        if self._complete or self._error is not None or self.lost:
+            self.release()
+            return
+        self._pieces.clear()
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+        loop = asyncio.get_running_loop()
+        self._draining = loop.call_later(self._keepalive, self._close)
+
+    @property
+    def open(self) -> bool:
+        return not self.lost and self._transport is not None and not self._transport.is_closing()
+
+    def close(self) -> None:
+        self._close()
+
+    # -- inner workings -------------------------------------------------------------------------------------
+
+    async def _wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(self._read_timeout, self._time_out, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _time_out(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            waiter.set_exception(ReplyTimeout(f"nothing arrived in {self._read_timeout:g} s"))
+
+    def _fail(self, error: Exception) -> None:
+        self._error = error
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+
+    def _idle_again(self) -> None:
+        if self.lost or not self._keep_alive:
+            self._close()
+            return
+        self._parser = None
+        self.idle_since = time.monotonic()
+        self._idle.append(self)
+
+    def _close(self) -> None:
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+        self._parser = None
+        if self._transport is not None:
+            self._transport.close()
+
+
+class _Target:
+    """Where a server's URL points, read once: what a connection to it needs, what each request's head
+    starts and ends with."""
+
+    def __init__(self, base: str) -> None:
+        url = urlsplit(base)
+        self.secure = url.scheme == "https"
+        self.host = url.hostname or ""
+        self.port = url.port or (443 if self.secure else 80)
+        self.prefix = url.path.rstrip("/").encode()
+        """A path the server is served under, before each call's own."""
+        self.host_header = url.netloc.encode()
+
+
+class Http1Client:
+    """Kept-alive connections to each server (the most recently used first: the least likely to have been
+    closed by the server). How many a server may hold at once is the pool's to bound (`BackendPool`)."""
+
+    def __init__(
+        self, *, connect_timeout: float, read_timeout: float, keepalive: float, authorization: str | None
+    ) -> None:
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._keepalive = keepalive
+        """Idle connections older than this are not reused: dropped before the server drops them."""
+        self._auth = b"authorization: %s\r\n" % authorization.encode() if authorization else b""
+        self._targets: dict[str, _Target] = {}
+        self._idle: dict[str, list[Connection]] = {}
+
+    async def post(self, base: str, path: str, body: bytes) -> Connection:
+        """POST JSON to `path` on the server at `base`; the connection once the reply's head has arrived.
+
+        Raises ConnectTimeout, ConnectFailed, Disconnected (the connection closed before the reply began),
+        ReplyTimeout or BrokenReply."""
+        target = self._targets.get(base) or self._targets.setdefault(base, _Target(base))
+        connection = self._reused(base) or await self._connect(base, target)
+        head = b"POST %s%s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        request = head % (target.prefix, path.encode(), target.host_header, len(body)) + self._auth + b"\r\n"
+        try:
+            await connection.exchange(request, body)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _reused(self, base: str) -> Connection | None:
+        idle = self._idle.get(base)
+        oldest = time.monotonic() - self._keepalive
+        while idle:
+            connection = idle.pop()
+            if connection.idle_since >= oldest and connection.open:
+                return connection
+            connection.close()
+        return None
+
+    async def _connect(self, base: str, target: _Target) -> Connection:
+        idle = self._idle.setdefault(base, [])
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                transport, connection = await loop.create_connection(
+                    lambda: Connection(idle, self._read_timeout, self._keepalive),
+                    target.host,
+                    target.port,
+                    ssl=target.secure or None,
+                )
+        except TimeoutError as exc:
+            raise ConnectTimeout(f"no connection within {self._connect_timeout:g} s") from exc
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to {base}: {exc!r}") from exc
+        connection.connection_made(transport)  # uvloop may make the call only after returning
+        return connection
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for connection in list(idle):
+                connection.close()
+            idle.clear()
