@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from fake_engine import URL, FakeEngine
+from raw_http import Serve, raw_servers
 
 from gateway.app import create_app
 from gateway.settings import Settings
@@ -43,6 +44,13 @@ class InProcess:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """`await serve(handler)`: a raw-socket server's URL (`raw_http`)."""
+    async with raw_servers() as start:
+        yield start
 
 
 @pytest.fixture(scope="session")

@@ -4,63 +4,23 @@ never re-run elsewhere, whether the kill reaches the gateway as a close or a res
 or by the next call that finds it gone), and the rollout's next call moves. A server too busy to accept a
 connection stays: its call is refused for the client to retry, and health checks that time out eject it only
 if another server serves its models. The servers are raw sockets, to die at an exact point of the exchange,
-or to accept no connection at all."""
+or to accept no connection at all; each test runs on asyncio's own loop and on uvloop (the server's)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
+from raw_http import ANSWER, Handler, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
 
 from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure
 from testbed.process import free_port
 
 pytestmark = pytest.mark.anyio
-ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, asyncio.Server], Awaitable[None]]
-
-
-async def read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
-    )
-    return head + await reader.readexactly(length)
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
-    """`await serve(handler)`: the URL of a server on a free port whose every connection `handler` takes."""
-    servers: list[asyncio.Server] = []
-
-    async def start(handler: Handler) -> str:
-        async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await handler(reader, writer, server)
-
-        server = await asyncio.start_server(connected, "127.0.0.1", 0)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-async def answers(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _server: asyncio.Server
-) -> None:
-    """A server that answers every request on a connection."""
-    try:
-        while True:
-            await read_request(reader)
-            writer.write(ANSWER)
-            await writer.drain()
-    except asyncio.IncompleteReadError:
-        writer.close()
 
 
 def dies_at_work(reset: bool) -> Handler:

@@ -1,0 +1,280 @@
+"""The turn path's HTTP/1.1 client (`gateway.fleet.http1`) against raw-socket servers: a reply's body comes
+back exactly as sent, its chunked framing stripped, however the network splits it; connections are kept
+alive and reused, let go at a stream's end even before its framing's end arrives; what breaks off, stays
+silent or is not HTTP is an error the pool maps, never a hang. Each test runs on asyncio's loop and on
+uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from raw_http import ANSWER, Serve, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
+
+from gateway.fleet.http1 import Connection, Http1Client, ReplyTimeout
+from gateway.fleet.pool import BackendPool
+from gateway.fleet.replies import BackendFailure, BackendReply, BackendStreamError
+
+from support import until
+
+pytestmark = pytest.mark.anyio
+
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+EVENTS = [b'data: {"token": %d}\n\n' % i for i in range(40)] + [b"data: [DONE]\n\n"]
+END = b"0\r\n\r\n"
+"""The end of a chunked body."""
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def client(read_timeout: float = 60, keepalive: float = 60) -> Http1Client:
+    return Http1Client(connect_timeout=60, read_timeout=read_timeout, keepalive=keepalive, authorization=None)
+
+
+async def read_all(connection: Connection) -> list[bytes]:
+    reads = []
+    while data := await connection.read():
+        reads.append(data)
+    return reads
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1 << 20], ids=["byte by byte", "7 bytes a write", "all at once"])
+async def test_a_chunked_stream_reads_back_as_the_bytes_sent_without_framing_however_the_network_splits_it(
+    serve: Serve, piece: int
+):
+    sent = STREAM_HEAD + b"".join(chunk(event) for event in EVENTS) + END
+
+    async def streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server) -> None:
+        await read_request(reader)
+        for start in range(0, len(sent), piece):
+            writer.write(sent[start : start + piece])
+            await writer.drain()
+        await reader.read()  # until the client closes
+
+    engine = client()
+    connection = await engine.post(await serve(streams), "/v1/chat/completions", b"{}")
+    reads = await read_all(connection)
+    engine.close()
+    connection.close()
+
+    assert connection.status == 200
+    assert b"".join(reads) == b"".join(EVENTS)
+
+
+async def test_replies_with_a_length_are_read_whole_and_their_connection_serves_the_next_call(serve: Serve):
+    connections = 0
+
+    async def counted(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
+    ) -> None:
+        nonlocal connections
+        connections += 1
+        await answers(reader, writer, server)
+
+    url = await serve(counted)
+    engine = client()
+    bodies = []
+    for _ in range(3):
+        reply = BackendReply(await engine.post(url, "/v1/chat/completions", b"{}"))
+        bodies.append(await reply.body())
+    engine.close()
+
+    assert (bodies, connections) == ([b"{}"] * 3, 1)
+
+
+async def test_a_stream_let_go_at_done_serves_the_next_call_once_its_framings_end_arrives(serve: Serve):
+    connections = 0
+    let_go = asyncio.Event()
+
+    async def ends_late(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
+    ) -> None:
+        nonlocal connections
+        connections += 1
+        await read_request(reader)
+        writer.write(STREAM_HEAD + b"".join(chunk(event) for event in EVENTS))
+        await let_go.wait()  # the body's end comes after the client has let the stream go
+        writer.write(END)
+        await answers(reader, writer, server)
+
+    url = await serve(ends_late)
+    engine = client()
+    connection = await engine.post(url, "/v1/chat/completions", b"{}")
+    reads = [await connection.read()]
+    while not reads[-1].endswith(b"data: [DONE]\n\n"):
+        reads.append(await connection.read())
+    BackendReply(connection).ended()
+    let_go.set()
+    await until(lambda: connection.idle_since > 0, "the connection back among the idle ones")
+    again = BackendReply(await engine.post(url, "/v1/chat/completions", b"{}"))
+    body = await again.body()
+    engine.close()
+
+    assert (b"".join(reads), body, connections) == (b"".join(EVENTS), b"{}", 1)
+
+
+async def test_a_stream_let_go_whose_framings_end_never_comes_is_dropped_after_the_keepalive_time(
+    serve: Serve,
+):
+    closed = asyncio.Event()
+
+    async def never_ends(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server
+    ) -> None:
+        await read_request(reader)
+        writer.write(STREAM_HEAD + b"".join(chunk(event) for event in EVENTS))
+        assert await reader.read() == b""  # the client closed the connection
+        closed.set()
+
+    engine = client(keepalive=0.05)
+    connection = await engine.post(await serve(never_ends), "/v1/chat/completions", b"{}")
+    while not (await connection.read()).endswith(b"data: [DONE]\n\n"):
+        pass
+    BackendReply(connection).ended()
+    await closed.wait()
+    engine.close()
+
+    assert connection.idle_since == 0  # never reused
+
+
+async def test_a_stream_cut_mid_body_hands_over_what_came_then_breaks_off(serve: Serve):
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server) -> None:
+        await read_request(reader)
+        writer.write(STREAM_HEAD + chunk(EVENTS[0]) + chunk(EVENTS[1]))
+        await writer.drain()
+        writer.close()
+
+    engine = client()
+    reply = BackendReply(await engine.post(await serve(cut), "/v1/chat/completions", b"{}"))
+    first = await reply.read()
+    with pytest.raises(BackendStreamError) as broke:
+        await reply.read()
+    reply.close()
+    engine.close()
+
+    assert first == EVENTS[0] + EVENTS[1]
+    assert str(broke.value) == "backend stream broke off: connection closed mid-reply"
+
+
+async def test_a_body_with_neither_length_nor_chunks_runs_to_the_close_and_its_connection_is_not_kept(
+    serve: Serve,
+):
+    connections = 0
+
+    async def unframed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server) -> None:
+        nonlocal connections
+        connections += 1
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n")
+        writer.write(b'{"whole": ')
+        await writer.drain()
+        writer.write(b"true}")
+        writer.close()
+
+    url = await serve(unframed)
+    engine = client()
+    bodies = [await BackendReply(await engine.post(url, "/v1/completions", b"{}")).body() for _ in range(2)]
+    engine.close()
+
+    assert (bodies, connections) == ([b'{"whole": true}'] * 2, 2)
+
+
+async def test_a_server_silent_past_the_read_timeout_times_out_before_and_after_its_answer_began(
+    serve: Serve,
+):
+    async def silent_after_head(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server
+    ) -> None:
+        await read_request(reader)
+        writer.write(STREAM_HEAD)
+        await reader.read()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server) -> None:
+        await reader.read()
+
+    engine = client(read_timeout=0.2)
+    connection = await engine.post(await serve(silent_after_head), "/v1/chat/completions", b"{}")
+    with pytest.raises(ReplyTimeout) as mid_reply:
+        await connection.read()
+    connection.close()
+    with pytest.raises(ReplyTimeout) as before:
+        await engine.post(await serve(silent), "/v1/chat/completions", b"{}")
+    engine.close()
+
+    assert str(mid_reply.value) == str(before.value) == "nothing arrived in 0.2 s"
+
+
+async def test_a_reply_that_is_not_http_fails_the_call_and_leaves_the_server_in_the_fleet(serve: Serve):
+    async def speaks_ssh(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server
+    ) -> None:
+        await read_request(reader)
+        writer.write(b"SSH-2.0-OpenSSH_9.2\r\n")
+        await reader.read()
+
+    url = await serve(speaks_ssh)
+    pool = BackendPool([url], timeout=60, connect_timeout=60, max_connections=4, max_queued=16)
+    try:
+        with pytest.raises(BackendFailure) as failed:
+            await pool.send("r", "/v1/chat/completions", b"{}")
+    finally:
+        await pool.close()
+
+    assert (failed.value.kind, failed.value.url) == ("failed", url)
+    assert str(failed.value).startswith(f"backend {url} failed: not an HTTP reply: ")
+    assert (pool.servers[url].healthy, pool.servers[url].in_flight) == (True, 0)
+
+
+async def test_a_reader_that_falls_behind_stops_reading_the_server_and_loses_nothing(serve: Serve):
+    body = bytes(range(256)) * (1 << 17)  # 32 MiB: more than the kernel's buffers on both sides hold
+    writing: list[asyncio.Transport] = []
+
+    async def floods(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server) -> None:
+        await read_request(reader)
+        writing.append(writer.transport)  # type: ignore[arg-type]
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        await reader.read()
+
+    engine = client()
+    connection = await engine.post(await serve(floods), "/v1/completions", b"{}")
+    # The client stopped reading: what the kernel cannot take waits in the server's own buffer.
+    await until(lambda: writing and writing[0].get_write_buffer_size() > 0, "the server's writes held back")
+    first = await connection.read()
+    rest = await connection.body()
+    connection.release()
+    engine.close()
+
+    assert len(first) <= 2 * (1 << 18)  # at most the high-water mark and one network read past it
+    assert first + rest == body
+
+
+async def test_calls_name_the_servers_path_prefix_its_host_and_the_gateways_own_key(serve: Serve):
+    heads: list[bytes] = []
+
+    async def records(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server) -> None:
+        heads.append(await read_request(reader))
+        writer.write(ANSWER)
+        await reader.read()
+
+    url = await serve(records)
+    pool = BackendPool([url + "/engine/"], timeout=60, connect_timeout=60, max_connections=4, max_queued=16)
+    pool_with_key = BackendPool(
+        [url], timeout=60, connect_timeout=60, max_connections=4, max_queued=16, api_key="k"
+    )
+    try:
+        for each in (pool, pool_with_key):
+            await (await each.send("r", "/v1/chat/completions", b"{}")).reply.body()
+    finally:
+        await pool.close()
+        await pool_with_key.close()
+
+    host = url.removeprefix("http://").encode()
+    assert heads == [
+        b"POST /engine/v1/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+        b"content-length: 2\r\n\r\n{}" % host,
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+        b"content-length: 2\r\nauthorization: Bearer k\r\n\r\n{}" % host,
+    ]
