@@ -96,6 +96,9 @@ class Connection(asyncio.Protocol):
         self.lost = True
         if self in self._idle:
             self._idle.remove(self)
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
         if self._parser is None or self._complete:
             return
         why = f": {exc}" if exc is not None else ""
@@ -229,6 +232,7 @@ class Connection(asyncio.Protocol):
             self._close()
             return
         self._parser = None
+        self._pieces.clear()  # what the caller left unread is not the next call's
         self.idle_since = time.monotonic()
         self._idle.append(self)
 

@@ -84,6 +84,26 @@ async def test_replies_with_a_length_are_read_whole_and_their_connection_serves_
     assert (bodies, connections) == ([b"{}"] * 3, 1)
 
 
+async def test_a_reply_let_go_with_bytes_unread_leaves_none_of_them_to_the_next_call(serve: Serve):
+    connections = 0
+
+    async def numbered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server) -> None:
+        nonlocal connections
+        connections += 1
+        for call in range(2):  # each reply whole in one write: it has all arrived when its head has
+            await read_request(reader)
+            writer.write(STREAM_HEAD + chunk(b"data: %d\n\n" % call) + END)
+        await reader.read()
+
+    url = await serve(numbered)
+    engine = client()
+    BackendReply(await engine.post(url, "/v1/chat/completions", b"{}")).close()  # none of it read
+    second = await BackendReply(await engine.post(url, "/v1/chat/completions", b"{}")).body()
+    engine.close()
+
+    assert (second, connections) == (b"data: 1\n\n", 1)
+
+
 async def test_a_stream_let_go_at_done_serves_the_next_call_once_its_framings_end_arrives(serve: Serve):
     connections = 0
     let_go = asyncio.Event()
