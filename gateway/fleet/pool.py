@@ -33,8 +33,8 @@ from gateway.fleet.weight_versions import FleetWeights
 log = logging.getLogger(__name__)
 
 _CONTROL_CONNECTIONS = 8
-"""Connections to each server beyond the calls' own, for health checks and the fleet's control calls (pause,
-weights): they never wait behind agent calls."""
+"""The aiohttp session's connections to each server, for health checks and the fleet's control calls (pause,
+weights): apart from the calls' own, they never wait behind agent calls."""
 
 
 _KEEPALIVE = 4.0
