@@ -42,7 +42,7 @@ async def answers(
             await read_request(reader)
             writer.write(ANSWER)
             await writer.drain()
-    except asyncio.IncompleteReadError:
+    except (asyncio.IncompleteReadError, ConnectionResetError):  # the client closed the connection
         writer.close()
 
 

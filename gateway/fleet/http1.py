@@ -135,14 +135,15 @@ class Connection(asyncio.Protocol):
 
     async def exchange(self, request: bytes, body: bytes) -> int:
         """Send a request; its reply's status, once its head has arrived."""
+        if not self.open:  # closed by the server between its connect (or its last reply) and now
+            raise Disconnected("connection closed before the request")
         assert self._transport is not None
         self._parser = httptools.HttpResponseParser(self)
         self._complete = self._framed = self._keep_alive = False
         self._error = None
         self.status = 0
         self._buffered = 0
-        self._transport.write(request)
-        self._transport.write(body)
+        self._transport.writelines((request, body))
         while not self.status:
             await self._wait()
         return self.status
@@ -156,10 +157,7 @@ class Connection(asyncio.Protocol):
         pieces = self._pieces
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         pieces.clear()
-        self._buffered = 0
-        if self._paused and self._transport is not None:
-            self._paused = False
-            self._transport.resume_reading()
+        self._resume()
         return data
 
     async def body(self) -> bytes:
@@ -185,9 +183,7 @@ class Connection(asyncio.Protocol):
             self.release()
             return
         self._pieces.clear()
-        if self._paused and self._transport is not None:
-            self._paused = False
-            self._transport.resume_reading()
+        self._resume()
         loop = asyncio.get_running_loop()
         self._draining = loop.call_later(self._keepalive, self._close)
 
@@ -212,6 +208,13 @@ class Connection(asyncio.Protocol):
             timer.cancel()
             self._waiter = None
 
+    def _resume(self) -> None:
+        """What was held has been taken: the server's socket is read again."""
+        self._buffered = 0
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -233,6 +236,7 @@ class Connection(asyncio.Protocol):
             return
         self._parser = None
         self._pieces.clear()  # what the caller left unread is not the next call's
+        self._resume()
         self.idle_since = time.monotonic()
         self._idle.append(self)
 
@@ -256,12 +260,13 @@ class _Target:
         self.port = url.port or (443 if self.secure else 80)
         self.prefix = url.path.rstrip("/").encode()
         """A path the server is served under, before each call's own."""
-        self.host_header = url.netloc.encode()
+        self.host_header = url.netloc.rpartition("@")[2].encode()
 
 
 class Http1Client:
     """Kept-alive connections to each server (the most recently used first: the least likely to have been
-    closed by the server). How many a server may hold at once is the pool's to bound (`BackendPool`)."""
+    closed by the server). How many calls a server takes at once is the pool's to bound (`BackendPool`); a
+    stream let go at its [DONE] keeps its connection the moment its end takes to arrive."""
 
     def __init__(
         self, *, connect_timeout: float, read_timeout: float, keepalive: float, authorization: str | None
@@ -269,18 +274,20 @@ class Http1Client:
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._keepalive = keepalive
-        """Idle connections older than this are not reused: dropped before the server drops them."""
+        """Idle connections older than this are not reused (closed when next come upon): shorter than the
+        server keeps them."""
         self._auth = b"authorization: %s\r\n" % authorization.encode() if authorization else b""
         self._targets: dict[str, _Target] = {}
         self._idle: dict[str, list[Connection]] = {}
 
-    async def post(self, base: str, path: str, body: bytes) -> Connection:
+    async def post(self, base: str, path: str, body: bytes, *, fresh: bool = False) -> Connection:
         """POST JSON to `path` on the server at `base`; the connection once the reply's head has arrived.
+        `fresh`: on a new connection, not an idle one.
 
         Raises ConnectTimeout, ConnectFailed, Disconnected (the connection closed before the reply began),
         ReplyTimeout or BrokenReply."""
         target = self._targets.get(base) or self._targets.setdefault(base, _Target(base))
-        connection = self._reused(base) or await self._connect(base, target)
+        connection = (None if fresh else self._reused(base)) or await self._connect(base, target)
         head = b"POST %s%s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
         request = head % (target.prefix, path.encode(), target.host_header, len(body)) + self._auth + b"\r\n"
         try:

@@ -33,12 +33,15 @@ from gateway.fleet.weight_versions import FleetWeights
 log = logging.getLogger(__name__)
 
 _CONTROL_CONNECTIONS = 8
-"""The aiohttp session's connections to each server, for health checks and the fleet's control calls (pause,
-weights): apart from the calls' own, they never wait behind agent calls."""
+"""Connections of the aiohttp session to each server beyond `max_connections`: health checks and the fleet's
+control calls (pause, weights) never wait behind agents' reads through it (/v1/models, /detokenize)."""
 
 
 _KEEPALIVE = 4.0
-"""Idle connections are dropped before vLLM's uvicorn drops them (5 s), so that few stale ones are reused."""
+"""Idle connections are not reused past this, shorter than vLLM's uvicorn keeps them (5 s), so that few stale
+ones are."""
+_UNWRITTEN = "Can not write request body"
+"""How aiohttp words a request whose body could not be sent: the server cannot have acted on it."""
 
 
 class ServerLost(Exception):
@@ -86,7 +89,7 @@ class BackendPool:
         )
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=0, limit_per_host=_CONTROL_CONNECTIONS, keepalive_timeout=_KEEPALIVE
+                limit=0, limit_per_host=max_connections + _CONTROL_CONNECTIONS, keepalive_timeout=_KEEPALIVE
             ),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout),
             headers={"authorization": authorization} if authorization else None,
@@ -138,9 +141,6 @@ class BackendPool:
             server.requests += 1
             try:
                 connection = await self._post(server.url, path, body)
-            except asyncio.CancelledError:
-                _left(server)
-                raise
             except ConnectTimeout as exc:  # not a refusal: the server is busy
                 self._failed(server)
                 raise BackendFailure(
@@ -164,6 +164,9 @@ class BackendPool:
             except (Disconnected, BrokenReply) as exc:
                 self._failed(server)
                 raise BackendFailure("failed", f"backend {server.url} failed: {exc}", server.url) from exc
+            except BaseException:  # cancelled (the agent left), or unforeseen: the connection is given back
+                _left(server)
+                raise
             server.took(time.monotonic() - started)
             if connection.status >= 500:
                 server.errors += 1
@@ -206,7 +209,7 @@ class BackendPool:
     async def _post(self, base: str, path: str, body: bytes) -> Connection:
         """POST, once more if the server closed the connection before answering. The usual cause is a pooled
         idle connection the server closed just as it was reused (the request never got through). A server
-        that really went away refuses the second attempt: it may have died with the call at work, so the call
+        that really went away refuses the second attempt, on a new connection: it may have died with the call at work, so the call
         fails (ServerLost) rather than moving to another server, whether the kill reached the client as a
         close or a reset."""
         try:
@@ -214,17 +217,20 @@ class BackendPool:
         except Disconnected:
             pass
         try:
-            return await self._calls.post(base, path, body)
+            return await self._calls.post(base, path, body, fresh=True)
         except ConnectFailed as exc:
             raise ServerLost(f"{base} closed a call's connection, then refused a new one") from exc
 
     async def call_one(self, url: str, body: object, params: dict[str, str] | None = None) -> str | None:
         """POST to one server; what went wrong, or None. Sent once more if the server closed the connection
-        before answering (an idle connection it closed as it was reused)."""
+        before answering or before the body was written (an idle connection it closed as it was reused)."""
         try:
             return await self._call(url, body, params)
         except aiohttp.ServerDisconnectedError:
             pass
+        except aiohttp.ClientOSError as exc:
+            if not str(exc.strerror).startswith(_UNWRITTEN):
+                return f"{url}: {exc!r}"
         except (TimeoutError, aiohttp.ClientError) as exc:
             return f"{url}: {exc!r}"
         try:
