@@ -208,10 +208,10 @@ class BackendPool:
 
     async def _post(self, base: str, path: str, body: bytes) -> Connection:
         """POST, once more if the server closed the connection before answering. The usual cause is a pooled
-        idle connection the server closed just as it was reused (the request never got through). A server
-        that really went away refuses the second attempt, on a new connection: it may have died with the call at work, so the call
-        fails (ServerLost) rather than moving to another server, whether the kill reached the client as a
-        close or a reset."""
+        idle connection the server closed just as it was reused (the request never got through). The second
+        attempt is made on a new connection, which a server that really went away refuses: it may have died
+        with the call at work, so the call fails (ServerLost) rather than moving to another server, whether
+        the kill reached the client as a close or a reset."""
         try:
             return await self._calls.post(base, path, body)
         except Disconnected:
