@@ -46,6 +46,20 @@ async def answers(
         writer.close()
 
 
+class Counted:
+    """A handler that counts the connections it has taken (`connections`), then hands each to `handler`."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+
+    async def __call__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
+    ) -> None:
+        self.connections += 1
+        await self.handler(reader, writer, server)
+
+
 @asynccontextmanager
 async def raw_servers() -> AsyncIterator[Serve]:
     """`await serve(handler)`: the URL of a server on a free port whose every connection `handler` takes."""

@@ -78,13 +78,13 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._parser is None:  # nothing was asked: a server talking out of turn is not to be trusted
-            self._close()
+            self.close()
             return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(BrokenReply(f"not an HTTP reply: {exc}"))
-            self._close()
+            self.close()
             return
         self._buffered += len(data)
         if self._buffered > _HIGH_WATER and not self._paused and self._transport is not None:
@@ -173,7 +173,7 @@ class Connection(asyncio.Protocol):
         if self._complete and self._error is None:
             self._idle_again()
         else:
-            self._close()
+            self.close()
 
     def drain(self) -> None:
         """The caller has all it wants of a reply whose last bytes (the chunked body's end) may still be on
@@ -185,14 +185,19 @@ class Connection(asyncio.Protocol):
         self._pieces.clear()
         self._resume()
         loop = asyncio.get_running_loop()
-        self._draining = loop.call_later(self._keepalive, self._close)
+        self._draining = loop.call_later(self._keepalive, self.close)
 
     @property
     def open(self) -> bool:
         return not self.lost and self._transport is not None and not self._transport.is_closing()
 
     def close(self) -> None:
-        self._close()
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+        self._parser = None
+        if self._transport is not None:
+            self._transport.close()
 
     # -- inner workings -------------------------------------------------------------------------------------
 
@@ -232,21 +237,13 @@ class Connection(asyncio.Protocol):
 
     def _idle_again(self) -> None:
         if self.lost or not self._keep_alive:
-            self._close()
+            self.close()
             return
         self._parser = None
         self._pieces.clear()  # what the caller left unread is not the next call's
         self._resume()
         self.idle_since = time.monotonic()
         self._idle.append(self)
-
-    def _close(self) -> None:
-        if self._draining is not None:
-            self._draining.cancel()
-            self._draining = None
-        self._parser = None
-        if self._transport is not None:
-            self._transport.close()
 
 
 class _Target:

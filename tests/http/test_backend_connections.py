@@ -14,7 +14,7 @@ import struct
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
-from raw_http import ANSWER, Handler, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
+from raw_http import ANSWER, Counted, Handler, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
 
 from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure
@@ -74,14 +74,12 @@ async def test_a_server_that_dies_with_a_call_at_work_fails_that_call_is_ejected
 
 
 async def test_an_idle_connection_the_server_closed_is_retried_on_the_same_server(serve, pool_of):
-    calls = 0
-
     async def closes_its_first_connection_once_idle(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
     ) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == 1:  # answers, then closes the kept-alive connection as the next request arrives
+        if (
+            counted.connections == 1
+        ):  # answers, then closes the kept-alive connection as the next request arrives
             await read_request(reader)
             writer.write(ANSWER)
             await writer.drain()
@@ -90,14 +88,15 @@ async def test_an_idle_connection_the_server_closed_is_retried_on_the_same_serve
             return
         await answers(reader, writer, server)
 
-    url = await serve(closes_its_first_connection_once_idle)
+    counted = Counted(closes_its_first_connection_once_idle)
+    url = await serve(counted)
     pool = pool_of(url)
 
     for _ in range(2):
         routed = await pool.send("r", "/v1/chat/completions", b"{}")
         assert await routed.reply.body() == b"{}"
 
-    assert calls == 2
+    assert counted.connections == 2
     assert (pool.servers[url].healthy, pool.servers[url].errors, routed.repinned_from) == (True, 0, None)
 
 
