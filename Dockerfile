@@ -5,7 +5,7 @@
 # tests/test_install.py runs this install step in a clean environment and checks the sources copied here.
 FROM python:3.11-slim AS wheel
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY gateway ./gateway
 COPY trainer_client ./trainer_client
 COPY training_data ./training_data

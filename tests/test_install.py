@@ -108,7 +108,7 @@ def test_the_wheel_built_from_the_sdist_ships_every_file_of_the_package_folders_
     with zipfile.ZipFile(built.wheel) as wheel:
         names = set(wheel.namelist())
 
-    dist_info = {"METADATA", "WHEEL", "RECORD", "entry_points.txt", "top_level.txt"}
+    dist_info = {"METADATA", "WHEEL", "RECORD", "entry_points.txt", "top_level.txt", "licenses/LICENSE"}
     assert names == set(package_files()) | {f"rl_gateway-0.1.0.dist-info/{name}" for name in dist_info}
     assert re.findall(r"\w+Warning\b.*", built.log) == []
 
@@ -128,7 +128,7 @@ def test_the_sdist_holds_the_sources_the_images_wheel_stage_copies(built):
         )
     }
     setuptools_default = {f"tests/{path.name}" for path in (ROOT / "tests").glob("test*.py")}
-    sources = {"README.md", "pyproject.toml", "setup.py", *package_files().values()}
+    sources = {"README.md", "LICENSE", "pyproject.toml", "setup.py", *package_files().values()}
     wheel_stage = re.split(r"^FROM ", DOCKERFILE, flags=re.M)[1]
     copied = {part for line in re.findall(r"^COPY (.+) \S+$", wheel_stage, re.M) for part in line.split()}
 
