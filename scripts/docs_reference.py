@@ -104,23 +104,23 @@ def configuration_page(serve: argparse.ArgumentParser, settings: type[BaseSettin
     help does not group them); settings that have no flag come last."""
     fields, env_prefix = settings.model_fields, str(settings.model_config.get("env_prefix", ""))
     flags = {action.dest: action for action in serve._actions if action.dest in fields}
-    groups: list[tuple[str, list[str]]] = []
+    groups: list[tuple[str, str, list[str]]] = []
     for group in serve._action_groups:
         names = [action.dest for action in group._group_actions if action.dest in fields]
         if names:
-            groups.append((group.title or "", names))
+            groups.append((group.title or "", group.description or "", names))
     unflagged = [name for name in fields if name not in flags]
     if unflagged:
-        groups.append(("Configuration file and environment only", unflagged))
+        groups.append(("Configuration file and environment only", "", unflagged))
     parts = [
         "# Configuration reference",
         GENERATED,
         f"Every setting of `{serve.prog}`: its key in the configuration file, its flag, its environment "
         "variable, its default and what it sets.",
     ]
-    for title, names in groups:
+    for title, description, names in groups:
         if len(groups) > 1:
-            parts.append(f"## {title[:1].upper()}{title[1:]}")
+            parts += [f"## {title[:1].upper()}{title[1:]}", *([description] if description else [])]
         rows = [setting_row(name, fields[name], env_prefix + name.upper(), flags.get(name)) for name in names]
         parts.append("\n".join([TABLE_HEAD, *rows]))
     return "\n\n".join(parts) + "\n"
