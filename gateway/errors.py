@@ -61,6 +61,9 @@ _STORE_STATUS = {
     "rollout_not_found": 404,
     "turn_not_found": 404,
     "rollout_conflict": 409,
+    "group_size_conflict": 409,
+    "group_full": 409,
+    "group_claimed": 409,
     "rollout_finished": 409,
 }
 _BACKEND_STATUS = {

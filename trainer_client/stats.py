@@ -5,22 +5,36 @@ turn's exact prompt + completion ids (`drift_tokens > 0`): training on it would 
 Splices: per model, how exact mode built the prompts of turns extending an earlier one (spliced onto the
 parent's ids, re-rendered because the template moved earlier context, or a fallback), and why the rest did
 not splice.
+Groups: a group declared with a size (`group_size`) waits until that many members have finished; the oldest
+such groups still waiting are listed with their age and counts, since one that never completes is served
+only by a trainer's `group_timeout`.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+WAITING_SHOWN = 20
+"""The oldest groups declared with a size and not yet complete that `stats` lists."""
+_COMPLETE = "finished = COALESCE(group_size, rollouts) AND rollouts >= COALESCE(group_size, rollouts)"
+"""A group whose members have all finished, and all been created if it was declared with a size."""
+
 QUERIES = {
     "rollouts": "SELECT status, COUNT(*) AS rollouts FROM rollouts GROUP BY status ORDER BY status",
-    "groups": """
+    "groups": f"""
         SELECT COUNT(*) AS groups,
-               SUM(CASE WHEN finished = rollouts THEN 1 ELSE 0 END) AS complete,
-               SUM(CASE WHEN finished < rollouts THEN 1 ELSE 0 END) AS waiting
+               SUM(CASE WHEN {_COMPLETE} THEN 1 ELSE 0 END) AS complete,
+               SUM(CASE WHEN {_COMPLETE} THEN 0 ELSE 1 END) AS waiting
         FROM group_stats
+    """,
+    "waiting_groups": f"""
+        SELECT group_id, group_size, rollouts AS created, finished, first_created_at
+        FROM group_stats WHERE group_size IS NOT NULL AND NOT ({_COMPLETE})
+        ORDER BY first_created_at, group_id LIMIT {WAITING_SHOWN}
     """,
     "turns": """
         SELECT status, COUNT(*) AS turns, SUM(prompt_tokens) AS prompt_tokens,
@@ -65,4 +79,8 @@ QUERIES = {
 
 
 def collect(conn: Connection) -> dict[str, list[dict[str, Any]]]:
-    return {name: [dict(row._mapping) for row in conn.execute(text(sql))] for name, sql in QUERIES.items()}
+    report = {name: [dict(row._mapping) for row in conn.execute(text(sql))] for name, sql in QUERIES.items()}
+    now = time.time()
+    for group in report["waiting_groups"]:  # a group that waits long is one whose members never all came
+        group["age_s"] = round(now - group.pop("first_created_at"), 1)
+    return report

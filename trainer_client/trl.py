@@ -96,7 +96,7 @@ class GatewayRollouts:
         size = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
         group_ids = [f"{self.name}-{self._batches}-{i // size}" for i in range(len(prompts))]
         self._batches += 1
-        rollout_ids = asyncio.run(self._play(prompts, group_ids))
+        rollout_ids = asyncio.run(self._play(prompts, group_ids, size))
         options = SampleOptions(merged=True, include_errors=True)
         batch = self._client.read_groups(sorted(set(group_ids)), options)
         samples = _one_chain_each(cast(list[MergedSample], batch.samples))
@@ -117,12 +117,12 @@ class GatewayRollouts:
         """The reward function that hands the trainer the stored rewards."""
         return list(reward)
 
-    async def _play(self, prompts: list[Any], group_ids: list[str]) -> list[str]:
+    async def _play(self, prompts: list[Any], group_ids: list[str], size: int) -> list[str]:
         """Every prompt played as a rollout of its group and finished with its reward; the rollout ids."""
         async with httpx.AsyncClient(
             base_url=self.gateway_url, headers=self._headers, timeout=60.0
         ) as control:
-            created = await asyncio.gather(*(_create(control, group_id) for group_id in group_ids))
+            created = await asyncio.gather(*(_create(control, group_id, size) for group_id in group_ids))
             outcomes = await asyncio.gather(
                 *(self.agent(prompt, rollout) for prompt, rollout in zip(prompts, created, strict=True)),
                 return_exceptions=True,
@@ -139,8 +139,10 @@ class GatewayRollouts:
         self._client.close()
 
 
-async def _create(control: httpx.AsyncClient, group_id: str) -> Rollout:
-    answer = await control.post("/rollouts", json={"group_id": group_id, "mode": "exact"})
+async def _create(control: httpx.AsyncClient, group_id: str, size: int) -> Rollout:
+    """A member of a group of `size` (TRL's generations of one prompt): no trainer takes the group before
+    all of them have finished."""
+    answer = await control.post("/rollouts", json={"group_id": group_id, "group_size": size, "mode": "exact"})
     answer.raise_for_status()
     body = answer.json()
     return Rollout(body["rollout_id"], group_id, body["base_url"], body.get("api_key") or "unused")

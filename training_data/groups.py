@@ -1,7 +1,10 @@
 """Which GRPO groups are ready for training, which of their rollouts are trainable, and their advantages.
 
-A group is ready when all its rollouts are finished, or when `group_timeout` seconds have passed since its
-first rollout was created (then its finished rollouts are served and the unfinished ones are marked `late`).
+A group is ready when all its rollouts are finished and, if it was declared with a size (`group_size`), when
+that many have been created, so that an environment running a group a few members at a time does not have
+its first members trained as a group of their own; or when `group_timeout` seconds have passed since its
+first rollout was created (then its finished rollouts are served, with the count they have, and the
+unfinished ones are marked `late`).
 A rollout is trainable when it finished `completed` or `truncated`, has a reward, is not stale, and had no
 error or cancelled turn that the client did not retry (with `include_errors` such a rollout is kept, masked:
 it counts in its group's statistics but carries no loss). Turns refused by a rollout limit end a trajectory
@@ -140,7 +143,8 @@ def ready_groups(
     r = schema.rollouts
     now = now or time.time()
     running = func.sum(case((r.c.status == RolloutStatus.RUNNING, 1), else_=0))
-    ready = running == 0
+    declared = func.max(r.c.group_size)
+    ready = and_(running == 0, or_(declared.is_(None), func.count() >= declared))
     if options.group_timeout is not None:
         ready = or_(ready, func.min(r.c.created_at) < now - options.group_timeout)
     query = select(r.c.group_id).where(r.c.eval.is_(False)).group_by(r.c.group_id)

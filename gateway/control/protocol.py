@@ -11,6 +11,7 @@ from gateway.ids import ID_PATTERN
 from gateway.store.status import Mode
 from gateway.turns.sampling import Sampling
 
+MAX_GROUP_SIZE = 65536
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
 
@@ -26,6 +27,11 @@ class RolloutLimits(RequestModel):
 class CreateRolloutRequest(RequestModel):
     rollout_id: Identifier | None = None
     group_id: Identifier | None = None
+    group_size: Annotated[int, Field(strict=True, ge=1, le=MAX_GROUP_SIZE)] | None = None
+    """How many members the group has: it is served to trainers only once that many have finished. Every
+    member may declare it (the same number) or leave it out; one past the size, one declaring another size
+    and one created after a trainer took the group are refused (409). Without it, a group is served once none
+    of its members is running."""
     task_id: Annotated[str, Field(max_length=256)] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     mode: Mode | None = None
@@ -44,6 +50,7 @@ class CreateRolloutRequest(RequestModel):
 class RolloutCreated(BaseModel):
     rollout_id: str
     group_id: str
+    group_size: int | None
     task_id: str | None
     metadata: dict[str, Any]
     mode: str
@@ -158,6 +165,7 @@ class TurnView(BaseModel):
 class RolloutView(BaseModel):
     rollout_id: str
     group_id: str
+    group_size: int | None
     task_id: str | None
     metadata: dict[str, Any]
     status: str
@@ -170,7 +178,8 @@ class RolloutView(BaseModel):
     claim_step: int | None
     skip_reason: str | None
     lease_until: float | None
-    mode: str | None
+    mode: str
+    """How its turns' prompts are built: its own mode, else the gateway's --mode."""
     tags: list[str] | None
     limits: RolloutLimits | None
     sampling: dict[str, Any] | None

@@ -59,6 +59,7 @@ async def create_rollout(
     new = NewRollout(
         body.rollout_id or new_id(),
         body.group_id,
+        body.group_size,
         body.task_id,
         body.metadata,
         body.mode,
@@ -74,6 +75,7 @@ async def create_rollout(
     return RolloutCreated(
         rollout_id=row["rollout_id"],
         group_id=row["group_id"],
+        group_size=row["group_size"],
         task_id=row["task_id"],
         metadata=row["metadata"],
         mode=row["mode"] or control.mode,
@@ -129,6 +131,7 @@ async def get_rollout(
     )
     if rollout is None:
         raise ApiError(404, f"rollout {rollout_id!r} does not exist", "rollout_not_found")
+    rollout["mode"] = rollout["mode"] or control.mode
     return JsonResponse(rollout)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -16,7 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.expression import Executable
 
@@ -35,15 +37,61 @@ SUPPORTED_URLS = "sqlite:///PATH, postgresql://USER@HOST/DB (or postgresql+psyco
 
 
 def check_url(url: str) -> str:
-    """The URL if the store can use it; a ValueError naming the URLs it accepts otherwise. The store's
-    drivers are synchronous (it writes from its own thread): asyncpg, aiosqlite and other drivers are not."""
+    """The URL if the store can use it; a ValueError naming the URLs it accepts otherwise, or the extra a
+    PostgreSQL URL needs installed. The store's drivers are synchronous (it writes from its own thread):
+    asyncpg, aiosqlite and other drivers are not."""
     try:
         parsed = make_url(normalize_url(url))
     except Exception:
         raise ValueError(f"{url!r} is not a database URL; use {SUPPORTED_URLS}") from None
     if parsed.drivername not in ("sqlite", "sqlite+pysqlite", "postgresql+psycopg"):
         raise ValueError(f"the store cannot use {parsed.drivername!r} URLs; use {SUPPORTED_URLS}")
+    if parsed.drivername == "postgresql+psycopg" and importlib.util.find_spec("psycopg") is None:
+        raise ValueError("a PostgreSQL store needs the postgres extra: pip install 'rl-gateway[postgres]'")
     return url
+
+
+class StoreUnreachable(RuntimeError):
+    """No store at the URL, or none that answers: said in one line (where, and why) before any work starts."""
+
+
+def reach(url: str, *, create: bool = True) -> None:
+    """Connect once, so that a store that cannot be reached ends a command in one line rather than in the
+    middle of its work. `create=False` for the store's readers: to them a SQLite file that does not exist
+    is no store, and connecting would leave an empty one behind."""
+    path = _sqlite_file(url)
+    if not create and path is not None and not path.exists():
+        raise StoreUnreachable(f"no store at {display_url(url)}: {path.resolve()} does not exist")
+    engine = make_engine(url)
+    try:
+        _connect(engine, url).close()
+    finally:
+        engine.dispose()
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (None for PostgreSQL and in-memory SQLite)."""
+    parsed = make_url(normalize_url(url))
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def _connect(engine: Engine, url: str) -> Connection:
+    try:
+        return engine.connect()
+    except OperationalError as exc:
+        raise StoreUnreachable(f"cannot reach the store at {display_url(url)}: {_cause(exc)}") from None
+
+
+def _cause(exc: OperationalError) -> str:
+    """The driver's reason in one line, less what the message already says (the host and port)."""
+    lines = str(exc.orig).strip().splitlines()
+    cause = lines[0] if lines else type(exc.orig).__name__
+    cause = cause.removeprefix("connection failed: ")
+    cause = re.sub(r'^connection to server at "[^"]*"( \([^)]*\))?, port \d+ failed: ', "", cause)
+    cause = re.sub(r"\[Errno -?\d+\] ", "", cause.removeprefix("FATAL:").strip())
+    return cause[:1].lower() + cause[1:]
 
 
 def is_sqlite(url: str) -> bool:
@@ -250,7 +298,7 @@ def upgrade(url: str, revision: str = "head") -> None:
     same tables at once."""
     engine = make_engine(url)
     try:
-        with engine.begin() as conn:
+        with _connect(engine, url) as conn, conn.begin():
             if conn.dialect.name == "postgresql":
                 conn.execute(
                     text("SELECT pg_advisory_xact_lock(:key, hashtext(current_schema()))"),
@@ -271,7 +319,10 @@ def require_current_schema(engine: Engine) -> None:
     """For readers of a gateway's store: fail clearly on an empty or differently migrated database."""
     current, head = current_revision(engine), head_revision()
     if current is None:
-        raise SchemaMismatch(f"{engine.url.render_as_string(hide_password=True)} holds no gateway store")
+        raise SchemaMismatch(
+            f"no store at {display_url(engine.url)}: the database is empty (a gateway creates the store when "
+            "it starts)"
+        )
     if current != head:
         raise SchemaMismatch(
             f"database is at schema revision {current}, this client needs {head}: "
@@ -283,7 +334,8 @@ def ensure_schema(url: str) -> None:
     """Upgrade an empty database; refuse one at another revision (that is `gateway db upgrade`'s job)."""
     engine = make_engine(url)
     try:
-        current = current_revision(engine)
+        with _connect(engine, url) as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
     head = head_revision()
@@ -297,6 +349,11 @@ def ensure_schema(url: str) -> None:
         )
 
 
-def display_url(url: str) -> str:
-    """The URL with any password hidden, for logs."""
-    return make_url(normalize_url(url)).render_as_string(hide_password=True)
+def display_url(url: str | URL) -> str:
+    """The URL for messages and logs: any password hidden, PostgreSQL's port shown where the URL leaves it to
+    the default, and without the session options the store's engine adds (`_without_jit`)."""
+    parsed = make_url(normalize_url(url) if isinstance(url, str) else url)
+    if parsed.get_backend_name() == "postgresql":
+        port = parsed.port or (5432 if parsed.host else None)
+        parsed = parsed.set(drivername="postgresql", port=port).difference_update_query(["options"])
+    return parsed.render_as_string(hide_password=True)

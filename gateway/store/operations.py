@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -64,10 +64,17 @@ def _lock_key(rollout_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(rollout_id.encode(), digest_size=4).digest(), "big", signed=True)
 
 
+def group_lock(group_id: str) -> str:
+    """The name a group is locked under among the rollouts' locks (`lock_rollouts`): no rollout id has a
+    space."""
+    return f"group {group_id}"
+
+
 def _rollout_row(new: NewRollout) -> dict[str, Any]:
     return {
         "rollout_id": new.rollout_id,
         "group_id": new.group_id or new.rollout_id,
+        "group_size": new.group_size,
         "task_id": new.task_id,
         "metadata": new.metadata,
         "status": RolloutStatus.RUNNING,
@@ -85,6 +92,35 @@ def _rollout_row(new: NewRollout) -> dict[str, Any]:
     }
 
 
+def _joining(conn: Connection, new: NewRollout) -> NewRollout:
+    """The new rollout as a member of its group: refused where it would change a group a trainer may already
+    have taken (past its declared size, after a claim) or contradict the size the group was declared with;
+    otherwise it carries the group's declared size."""
+    group_id = new.group_id or new.rollout_id
+    r = schema.rollouts
+    members, declared, claimed = conn.execute(
+        select(func.count(), func.max(r.c.group_size), func.count(r.c.claimed_by)).where(
+            r.c.group_id == group_id
+        )
+    ).one()
+    if not members:
+        return new
+    if new.group_size is not None and new.group_size != declared:
+        declared_as = f"declared with {declared} members" if declared else "created without a group_size"
+        raise StoreError(
+            f"group {group_id!r} was {declared_as}: a member cannot declare {new.group_size}",
+            "group_size_conflict",
+        )
+    if declared is not None and members >= declared:
+        raise StoreError(f"group {group_id!r} has its {declared} members already", "group_full")
+    if claimed:
+        raise StoreError(
+            f"group {group_id!r} was taken by a trainer already: a new member would not train with it",
+            "group_claimed",
+        )
+    return replace(new, group_size=declared)
+
+
 class Operations:
     def __init__(self, caches: WriterCaches) -> None:
         self._caches = caches
@@ -92,7 +128,7 @@ class Operations:
     def create_rollout(self, conn: Connection, new: NewRollout) -> tuple[dict[str, Any], bool]:
         existing = reads.rollout_row(conn, new.rollout_id)
         if existing is not None:
-            for name in ("group_id", "task_id", "mode", "tags", "limits", "sampling"):
+            for name in ("group_id", "group_size", "task_id", "mode", "tags", "limits", "sampling"):
                 given = new.limits.to_json() if name == "limits" else getattr(new, name)
                 if given is not None and given != existing[name]:
                     raise StoreError(
@@ -100,7 +136,7 @@ class Operations:
                         "rollout_conflict",
                     )
             return existing, False
-        return self._insert_rollout(conn, new), True
+        return self._insert_rollout(conn, _joining(conn, new)), True
 
     def _insert_rollout(self, conn: Connection, new: NewRollout) -> dict[str, Any]:
         row = _rollout_row(new)

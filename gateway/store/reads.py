@@ -110,6 +110,7 @@ def get_rollout(
     return {
         "rollout_id": row["rollout_id"],
         "group_id": row["group_id"],
+        "group_size": row["group_size"],
         "task_id": row["task_id"],
         "metadata": row["metadata"],
         "status": row["status"],

@@ -98,6 +98,8 @@ class Limits:
 class NewRollout:
     rollout_id: str
     group_id: str | None = None
+    group_size: int | None = None
+    """The members the group is declared with; None: the size its first member declared, if any."""
     task_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     mode: str | None = None

@@ -65,6 +65,9 @@ rollouts = Table(
     metadata,
     Column("rollout_id", String(128), primary_key=True),
     Column("group_id", String(128), nullable=False),
+    # How many members the group was declared with (POST /rollouts group_size; every member carries it): the
+    # group is served only once that many have finished. Null: served once none of its members is running.
+    Column("group_size", Integer),
     Column("task_id", SafeText),
     Column("metadata", Json, nullable=False),
     Column("status", String(16), nullable=False),

@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from gateway.store.caches import WriterCaches
 from gateway.store.lineage import Node
-from gateway.store.operations import Operations, lock_rollouts
+from gateway.store.operations import Operations, group_lock, lock_rollouts
 from gateway.store.pins import Pick, Pin
 from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
 
@@ -93,7 +93,12 @@ class StoreWriter:
         return await self.submit(lambda conn: self._operations.parent(conn, rollout_id, messages))
 
     async def create_rollout(self, new: NewRollout) -> tuple[dict[str, Any], bool]:
-        return await self.submit(lambda conn: self._operations.create_rollout(conn, new), new.rollout_id)
+        """Its group is locked with it: members created at once through several processes are counted one
+        after another against the group's size."""
+        group = group_lock(new.group_id or new.rollout_id)
+        return await self.submit(
+            lambda conn: self._operations.create_rollout(conn, new), new.rollout_id, group
+        )
 
     async def pin(self, rollout_id: str, pick: Pick, keep: Collection[str]) -> Pin:
         return await self.submit(lambda conn: self._operations.pin(conn, rollout_id, pick, keep), rollout_id)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +11,7 @@ from sqlalchemy import String, case, cast, func, select
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
-from gateway.store.status import TurnStatus
+from gateway.store.status import RolloutStatus, TurnStatus
 from training_data.evaluation import evaluation_report
 from training_data.groups import ROLLOUT_COLUMNS, RolloutInfo, SampleOptions, read_groups
 from training_data.loading import load_samples
@@ -36,6 +37,7 @@ def rollouts(conn: Connection, filters: Filters, limit: int = PAGE) -> list[dict
         select(
             r.c.rollout_id,
             r.c.group_id,
+            r.c.group_size,
             r.c.task_id,
             r.c.status,
             r.c.reward,
@@ -138,11 +140,24 @@ def group(conn: Connection, group_id: str) -> dict[str, Any] | None:
             rewards.extend(choice["reward"] for choice in row["choices"])
     return {
         "group_id": group_id,
+        "group_size": found[0]["group_size"],
+        "waiting": _waiting(found),
         "rollouts": found,
         "trained": trained,
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "normalized": TRAINER_DEFAULTS.normalize_std,
     }
+
+
+def _waiting(members: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """For a group declared with a size whose members have not all been created and finished: how many
+    have, and since when it waits (a trainer serves it only whole, or at its group timeout)."""
+    size = members[0]["group_size"]
+    finished = sum(member["status"] != RolloutStatus.RUNNING for member in members)
+    if size is None or finished >= size:
+        return None
+    first = min(member["created_at"] for member in members)
+    return {"created": len(members), "finished": finished, "age_s": round(time.time() - first, 1)}
 
 
 def _rollout_advantage(info: RolloutInfo | None) -> float | None:

@@ -198,11 +198,18 @@ DIALECTS: dict[str, Callable[[dict[str, Any], str], Conversation]] = {
 
 
 async def run_rollout(
-    gateway: GatewayProcess, group_id: str, task: str, turns: int, seed: int, dialect: str = "chat"
+    gateway: GatewayProcess,
+    group_id: str,
+    task: str,
+    turns: int,
+    seed: int,
+    dialect: str = "chat",
+    group_size: int | None = None,
 ) -> str:
     """One rollout of the toy task, finished with its reward; returns its id."""
+    body = {"group_id": group_id, "task_id": task, "group_size": group_size}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as control:
-        created = (await control.post("/rollouts", json={"group_id": group_id, "task_id": task})).json()
+        created = (await control.post("/rollouts", json=body)).json()
         conversation = DIALECTS[dialect](created, task)
         answer = ""
         for turn in range(turns):
@@ -232,7 +239,13 @@ async def run_groups(
         nonlocal done
         async with limit:
             await run_rollout(
-                gateway, f"group-{group}", tasks[group % len(tasks)], turns, group * 1000 + member, dialect
+                gateway,
+                f"group-{group}",
+                tasks[group % len(tasks)],
+                turns,
+                group * 1000 + member,
+                dialect,
+                group_size,
             )
         done += 1
         say(f"    rollouts finished: {done}/{total}")

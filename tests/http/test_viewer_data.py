@@ -156,6 +156,27 @@ async def test_a_groups_data_gives_each_rollout_its_reward_and_the_advantage_a_t
     assert (data["trained"], data["reward_mean"], data["normalized"]) == (2, 0.5, True)
 
 
+async def test_a_declared_group_not_yet_whole_is_shown_waiting_with_its_counts(gw):
+    for rollout_id in ("a", "b"):
+        await rollout_with_turns(gw, rollout_id, 1, group_id="g", group_size=4)
+    await gw.client.post("/rollouts/a/finish", json={"reward": 1.0})
+
+    data = (await gw.client.get("/ui/api/groups/g")).json()
+
+    waiting = data["waiting"]
+    assert data["group_size"] == 4
+    assert (waiting["created"], waiting["finished"]) == (2, 1)
+    assert 0 <= waiting["age_s"] < 600
+
+
+async def test_a_group_without_a_declared_size_is_never_shown_waiting(gw):
+    await rollout_with_turns(gw, "a", 1, group_id="g")
+
+    data = (await gw.client.get("/ui/api/groups/g")).json()
+
+    assert (data["group_size"], data["waiting"]) == (None, None)
+
+
 async def test_an_evaluation_groups_rollouts_are_shown_untrained(gw):
     await rollout_with_turns(gw, "e", 1, group_id="evals", tags=["eval"])
     await gw.client.post("/rollouts/e/finish", json={"reward": 1.0})

@@ -126,6 +126,7 @@ class RolloutRunner:
         body: dict[str, Any] = {
             "rollout_id": rollout_id,
             "group_id": group_id,
+            "group_size": self.config.group_size,
             "task_id": self.task.task_id(index),
         }
         if tags:

@@ -71,6 +71,13 @@ async function show() {
   document.getElementById("summary").append(el("div", { class: "facts" },
     el("span", {}, "rollouts ", el("b", {}, data.rollouts.length)), el("span", {}, "trained ", el("b", {}, data.trained)),
     el("span", {}, "mean reward of the trained ", el("b", {}, fixed(data.reward_mean)))));
+  if (data.waiting) {
+    const w = data.waiting;
+    document.getElementById("summary").append(el("p", { class: "waiting" },
+      `Declared with ${data.group_size} members: ${w.created} created, ${w.finished} finished, waiting for ` +
+      `${Math.round(w.age_s)} s. A trainer takes it once all ${data.group_size} have finished (or at its group ` +
+      "timeout, with the members it has): the advantages below are those of the members so far."));
+  }
   bars(data.rollouts);
   table(data.rollouts);
 }

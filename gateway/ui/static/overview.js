@@ -26,7 +26,7 @@ function renderRollouts(rollouts) {
     const link = el("a", { href: `/ui/groups/${encodeURIComponent(group)}` }, `group ${group}`);
     rows.push(el("tr", { class: "group" },
       el("td", { colspan: 2 }, link), el("td", { class: "num" }, fixed(mean)), el("td", { colspan: head.length - 3 },
-        `${members.length} rollouts`)));
+        members[0].group_size ? `${members.length} of ${members[0].group_size} rollouts` : `${members.length} rollouts`)));
     for (const r of members) {
       rows.push(el("tr", { "data-rollout": r.rollout_id },
         el("td", {}, el("a", { href: `/ui/rollouts/${encodeURIComponent(r.rollout_id)}` }, r.rollout_id)),
