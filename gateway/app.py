@@ -78,7 +78,11 @@ def create_app(
         for url in parts.backends.urls:
             capable = await parts.backends.probe_scale_out(url)
             if capable is None:
-                log.info("backend %s not reachable yet: exact mode is checked on its first use", url)
+                log.warning(
+                    "backend %s does not answer: the gateway starts without it; calls go to the other "
+                    "backends, or are refused while none answers",
+                    url,
+                )
             elif not capable and settings.mode == Mode.EXACT:
                 log.warning(
                     "backend %s does not serve vLLM's render/generate endpoints (start it with "

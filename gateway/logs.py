@@ -6,8 +6,12 @@ import logging
 
 from gateway.settings import Settings
 
+_TRACE = 5
+"""uvicorn's level below debug, which it names only once imported: logging is configured before that."""
+
 
 def configure_logging(settings: Settings) -> None:
+    logging.addLevelName(_TRACE, "TRACE")
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -1,137 +1,304 @@
-"""One settings object for the whole gateway: CLI flags override `GATEWAY_*` environment variables."""
+"""One settings object for the whole gateway: the command line's flags over `GATEWAY_*` environment variables
+over a YAML configuration file (`--config`, `GATEWAY_CONFIG`) over the defaults."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
-from typing import Annotated
+import os
+from contextvars import ContextVar
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type information (types-PyYAML is separate)
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from gateway.store.database import check_url, is_sqlite
 from gateway.store.status import Mode
 from gateway.telemetry import missing_packages
 from gateway.turns.sampling import Sampling
 
+CONFIG_VARIABLE = "GATEWAY_CONFIG"
+"""The environment variable naming the configuration file when `--config` does not."""
+
+
+class Group(StrEnum):
+    """The groups of `gateway serve --help` (and of the configuration reference), in their order."""
+
+    SERVER = "server"
+    BACKENDS = "backends"
+    STORE = "store"
+    LIMITS = "limits and sampling"
+    SECURITY = "security"
+    OBSERVABILITY = "observability"
+    PROCESSES = "processes"
+
+
+GROUP_HELP = {
+    Group.SERVER: "Where the gateway listens, the address agents reach it at, and how it renders prompts.",
+    Group.BACKENDS: "The vLLM servers the gateway sends model calls to.",
+    Group.STORE: "The database every model call's tokens are recorded in.",
+    Group.LIMITS: "Defaults for every rollout (POST /rollouts can override them per rollout) and the "
+    "request limits that protect the gateway.",
+    Group.SECURITY: "Who may create rollouts, administer the gateway and make model calls.",
+    Group.OBSERVABILITY: "Logs and traces.",
+    Group.PROCESSES: "Several gateway processes sharing one PostgreSQL store, on this host or others.",
+}
+
+
+def _in(group: Group) -> dict[str, Any]:
+    """A field's place in `--help`: kept on the field itself, so that a new setting cannot miss one."""
+    return {"group": group.value}
+
+
+def group_of(field: FieldInfo) -> Group:
+    extra = field.json_schema_extra
+    group = extra.get("group") if isinstance(extra, dict) else None
+    if not isinstance(group, str):
+        raise LookupError(f"setting without a group: {field}")
+    return Group(group)
+
+
+class LogLevel(StrEnum):
+    """uvicorn's levels (trace: below debug, every ASGI message)."""
+
+    CRITICAL = "critical"
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+    DEBUG = "debug"
+    TRACE = "trace"
+
+
+class ConfigFileError(ValueError):
+    """A configuration file the gateway cannot use, said in one line that names the file (and the key)."""
+
+
+_CONFIG_FILE: ContextVar[str | None] = ContextVar("config_file", default=None)
+"""The file `Settings(_config_file=...)` reads, for the duration of its construction (pydantic-settings builds
+its sources in a classmethod)."""
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="forbid")
 
-    backend: Annotated[list[str], NoDecode] = Field(
-        default=["http://127.0.0.1:8000"],
-        description="vLLM server base URL; repeat the flag (or comma-separate the variable) for several.",
+    def __init__(self, _config_file: str | None = None, **values: Any) -> None:
+        """`_config_file`: the YAML file to read under the flags and the environment (the command line's
+        --config); by default the one `GATEWAY_CONFIG` names, if any."""
+        token = _CONFIG_FILE.set(_config_file)
+        try:
+            super().__init__(**values)
+        finally:
+            _CONFIG_FILE.reset(token)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The flags (given as keyword arguments) over the environment over the configuration file."""
+        path = _CONFIG_FILE.get() or os.environ.get(CONFIG_VARIABLE)
+        return (init_settings, env_settings, *((ConfigFile(settings_cls, path),) if path else ()))
+
+    # -- server ---------------------------------------------------------------------------------------------
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address to listen on: 0.0.0.0 (or ::) to take calls from other hosts (then see the "
+        "security settings).",
+        json_schema_extra=_in(Group.SERVER),
     )
-    backend_file: str | None = Field(
+    port: int = Field(
+        default=8100, ge=0, le=65535, description="Port to listen on.", json_schema_extra=_in(Group.SERVER)
+    )
+    public_url: str | None = Field(
         default=None,
-        description="File listing vLLM server URLs, one a line (# starts a comment), instead of --backend; "
-        "re-read when it changes: new servers join, servers no longer listed leave.",
-    )
-    health_interval: float = Field(
-        default=5.0,
-        gt=0,
-        description="Seconds between health checks of each backend (/health, /v1/models, /metrics); two "
-        "failed checks in a row eject a server, one passing check re-admits it.",
-    )
-    db: str = Field(default="sqlite:///gateway.db", description="SQLAlchemy URL of the store.")
-    host: str = "127.0.0.1"
-    port: int = 8100
-    require_registered_rollouts: bool = Field(
-        default=False, description="Answer 404 to agent calls on rollout ids not created with POST /rollouts."
-    )
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, description="Largest accepted request body.")
-    backend_timeout: float = Field(default=600.0, description="Seconds to wait for a backend reply.")
-    connect_timeout: float = Field(default=5.0, description="Seconds to wait for a backend connection.")
-    max_connections: int = Field(
-        default=1024,
-        ge=1,
-        description="Calls each backend takes at once (one connection each); more wait in a queue.",
-    )
-    max_queued: int = Field(
-        default=4096,
-        ge=0,
-        description="Calls that may wait for a backend connection, all backends together; past that, a "
-        "call is answered 503 with retry-after (clients retry it).",
+        description="The gateway's base URL as the agents reach it (e.g. http://10.0.0.5:8100, or a proxy's "
+        "https://gateway.example.com): POST /rollouts answers each rollout's base_url under it "
+        "(PUBLIC_URL/rollouts/ID/v1), which the environment hands its agent. Unset: the URL the POST "
+        "/rollouts request itself came to, right only when the agents reach the gateway at the same "
+        "address as the environment does (not behind a proxy, a port mapping or another network's name).",
+        json_schema_extra=_in(Group.SERVER),
     )
     mode: Mode = Field(
         default=Mode.PASSTHROUGH,
         description="exact: splice each turn's prompt onto the exact ids of the turn it extends (needs "
         "vLLM's --enable-scale-out); passthrough: let vLLM render every prompt. Rollouts can override it.",
+        json_schema_extra=_in(Group.SERVER),
     )
     local_render: Annotated[list[str], NoDecode] = Field(
         default=[],
         description="Exact mode renders prompts in the gateway with vLLM's own renderer, built from the "
         "arguments the backend got from `vllm serve` (the model, then those that shape a render: "
         "--served-model-name, --chat-template, tool and reasoning parsers); one flag per model (the "
-        "variable: ';' between models). Saves a round trip and vLLM's JSON of the prompt's ids; needs vLLM "
-        "installed here and the model's tokenizer files. A model's first turn is rendered by both; the "
-        "backend keeps rendering if they differ.",
+        "variable: ';' between models; the file: a list). Saves a round trip and vLLM's JSON of the "
+        "prompt's ids; needs vLLM installed here and the model's tokenizer files. A model's first turn is "
+        "rendered by both; the backend keeps rendering if they differ.",
+        json_schema_extra=_in(Group.SERVER),
     )
-    policy_version: str = Field(default="0", description="Policy (weights) version stamped on new turns.")
-    control_token: SecretStr | None = Field(
+    # -- backends -------------------------------------------------------------------------------------------
+    backend: Annotated[list[str], NoDecode] = Field(
+        default=["http://127.0.0.1:8000"],
+        description="vLLM server base URL; repeat the flag (the variable: comma-separated; the file: a list) "
+        "for several.",
+        json_schema_extra=_in(Group.BACKENDS),
+    )
+    backend_file: str | None = Field(
         default=None,
-        description="Bearer token the control API (/rollouts: create, reward, finish, read) requires; "
-        "no token: it is open to anyone who reaches the gateway.",
+        description="File listing vLLM server URLs, one a line (# starts a comment), instead of --backend; "
+        "re-read when it changes: new servers join, servers no longer listed leave.",
+        json_schema_extra=_in(Group.BACKENDS),
     )
-    admin_token: SecretStr | None = Field(
-        default=None,
-        description="Bearer token the /admin API requires; default: the control token; neither: it is open.",
+    health_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between health checks of each backend (/health, /v1/models, /metrics); two "
+        "failed checks in a row eject a server, one passing check re-admits it.",
+        json_schema_extra=_in(Group.BACKENDS),
     )
-    rollout_keys: bool = Field(
-        default=False,
-        description="POST /rollouts answers a random api_key per rollout; that rollout's agent calls need it "
-        "as their bearer token (the OpenAI SDK's api_key), and no other key opens them.",
+    backend_timeout: float = Field(
+        default=600.0,
+        description="Seconds to wait for a backend reply.",
+        json_schema_extra=_in(Group.BACKENDS),
+    )
+    connect_timeout: float = Field(
+        default=5.0,
+        description="Seconds to wait for a backend connection.",
+        json_schema_extra=_in(Group.BACKENDS),
+    )
+    max_connections: int = Field(
+        default=1024,
+        ge=1,
+        description="Calls each backend takes at once (one connection each); more wait in a queue.",
+        json_schema_extra=_in(Group.BACKENDS),
+    )
+    max_queued: int = Field(
+        default=4096,
+        ge=0,
+        description="Calls that may wait for a backend connection, all backends together; past that, a "
+        "call is answered 503 with retry-after (clients retry it).",
+        json_schema_extra=_in(Group.BACKENDS),
     )
     backend_api_key: SecretStr | None = Field(
-        default=None, description="Bearer token the gateway sends to its backends (vLLM's --api-key)."
+        default=None,
+        description="Bearer token the gateway sends to its backends (vLLM's --api-key).",
+        json_schema_extra=_in(Group.BACKENDS),
     )
+    # -- store ----------------------------------------------------------------------------------------------
+    db: str = Field(
+        default="sqlite:///gateway.db",
+        description="Database URL of the store: sqlite:///PATH (one gateway process) or "
+        "postgresql://USER@HOST/DB (the postgres extra; several processes or hosts). An empty database "
+        "gets the schema at start; one at an older schema needs `gateway db upgrade`.",
+        json_schema_extra=_in(Group.STORE),
+    )
+    policy_version: str = Field(
+        default="0",
+        description="Policy (weights) version stamped on new turns until POST /admin/policy_version sets "
+        "another.",
+        json_schema_extra=_in(Group.STORE),
+    )
+    # -- limits and sampling --------------------------------------------------------------------------------
     max_turns: int | None = Field(
         default=None,
         ge=1,
         description="Default limit of model calls per rollout (POST /rollouts limits override).",
+        json_schema_extra=_in(Group.LIMITS),
     )
     max_context_tokens: int | None = Field(
         default=None,
         ge=1,
         description="Default limit of prompt + completion tokens of one call (POST /rollouts limits "
         "override).",
+        json_schema_extra=_in(Group.LIMITS),
     )
     sampling: Sampling | None = Field(
         default=None,
-        description="JSON object of vLLM sampling fields imposed on every agent call (temperature, top_p, "
-        "top_k, seed, structured_outputs, ...; max_tokens caps the agent's own); POST /rollouts sampling "
-        "overrides them field by field.",
+        description="vLLM sampling fields imposed on every agent call (temperature, top_p, top_k, seed, "
+        "structured_outputs, ...; max_tokens caps the agent's own), a JSON object (the file: a mapping); "
+        "POST /rollouts sampling overrides them field by field.",
+        json_schema_extra=_in(Group.LIMITS),
+    )
+    max_body_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        description="Largest accepted request body.",
+        json_schema_extra=_in(Group.LIMITS),
     )
     pause_timeout: float = Field(
-        default=600.0, description="Seconds a new agent call waits while the gateway is paused before a 503."
+        default=600.0,
+        description="Seconds a new agent call waits while the gateway is paused before a 503.",
+        json_schema_extra=_in(Group.LIMITS),
     )
-    public_url: str | None = Field(
-        default=None, description="Base URL agents reach the gateway at; defaults to the request's own."
+    # -- security -------------------------------------------------------------------------------------------
+    control_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token the control API (/rollouts: create, reward, finish, read) requires; "
+        "no token: it is open to anyone who reaches the gateway.",
+        json_schema_extra=_in(Group.SECURITY),
     )
-    log_level: str = "info"
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token the /admin API requires; default: the control token; neither: it is open.",
+        json_schema_extra=_in(Group.SECURITY),
+    )
+    rollout_keys: bool = Field(
+        default=False,
+        description="POST /rollouts answers a random api_key per rollout; that rollout's agent calls need it "
+        "as their bearer token (the OpenAI SDK's api_key), and no other key opens them.",
+        json_schema_extra=_in(Group.SECURITY),
+    )
+    require_registered_rollouts: bool = Field(
+        default=False,
+        description="Answer 404 to agent calls on rollout ids not created with POST /rollouts.",
+        json_schema_extra=_in(Group.SECURITY),
+    )
+    # -- observability --------------------------------------------------------------------------------------
+    log_level: LogLevel = Field(
+        default=LogLevel.INFO,
+        description="Least severe log lines written (to standard error).",
+        json_schema_extra=_in(Group.OBSERVABILITY),
+    )
     access_log: bool = Field(
         default=True,
         description="Log one info line per HTTP call (gateway.access): method, path, status, latency to the "
         "last byte, rollout.",
+        json_schema_extra=_in(Group.OBSERVABILITY),
     )
     otlp_endpoint: str | None = Field(
         default=None,
         description="OTLP/HTTP traces URL of an OpenTelemetry collector (e.g. "
         "http://collector:4318/v1/traces): each turn becomes a span (GenAI semantic conventions), sent "
         "there; needs the otel extra. Unset: no traces.",
+        json_schema_extra=_in(Group.OBSERVABILITY),
     )
+    # -- processes (after db: their checks read it) ---------------------------------------------------------
     workers: int = Field(
         default=1,
         ge=1,
         description="Gateway processes sharing the port (PostgreSQL only): more throughput on more cores; "
         "like replicas on other hosts, they share the run state through the store.",
+        json_schema_extra=_in(Group.PROCESSES),
     )
     heartbeat_interval: float = Field(
         default=1.0,
         gt=0,
         description="Seconds between a process's heartbeats in the store (PostgreSQL): each also picks up "
         "a fleet change whose notification it missed.",
+        json_schema_extra=_in(Group.PROCESSES),
     )
     process_timeout: float = Field(
         default=10.0,
@@ -139,6 +306,7 @@ class Settings(BaseSettings):
         description="Seconds without a heartbeat after which a gateway process is taken for dead "
         "(PostgreSQL): admin changes and pauses stop waiting for it. A process that cannot reach the store "
         "for half this time answers agent calls 503 until it can.",
+        json_schema_extra=_in(Group.PROCESSES),
     )
 
     @field_validator("db")
@@ -201,6 +369,16 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("public_url")
+    @classmethod
+    def _reachable_url(cls, value: str | None) -> str | None:
+        """Every rollout's base_url starts with it: a typo here reaches no agent."""
+        if value is not None:
+            url = urlsplit(value)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError("not an http(s) URL (e.g. http://10.0.0.5:8100)")
+        return value
+
     @field_validator("otlp_endpoint")
     @classmethod
     def _traces_exportable(cls, value: str | None) -> str | None:
@@ -223,3 +401,54 @@ class Settings(BaseSettings):
         if isinstance(value, list):
             return [str(v).strip().rstrip("/") for v in value]
         return value
+
+
+_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}
+"""What YAML makes of a file that is no mapping, in words."""
+
+
+class ConfigFile(YamlConfigSettingsSource):
+    """A YAML mapping of settings by their names (`max-turns` for `max_turns` too): lists as YAML lists,
+    `sampling` as a mapping. What the gateway cannot use is refused in one line naming the file and the key:
+    a missing file, YAML that does not parse, a file that is no mapping, an unknown setting."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: str) -> None:
+        if not Path(path).is_file():
+            raise ConfigFileError(
+                f"{path}: no such file" if not Path(path).exists() else f"{path}: not a file"
+            )
+        self._path, self._names = path, list(settings_cls.model_fields)
+        super().__init__(settings_cls, yaml_file=path)
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        try:
+            data = yaml.safe_load(Path(file_path).read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}: " if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigFileError(f"{self._path}: {where}not YAML: {problem}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigFileError(f"{self._path}: cannot be read: {exc}") from None
+        if data is None:  # an empty file, or only comments
+            return {}
+        if not isinstance(data, dict):
+            kind = _KINDS.get(type(data), type(data).__name__)
+            raise ConfigFileError(
+                f"{self._path}: not a mapping of settings (`name: value` lines) but a {kind}"
+            )
+        return self._settings(data)
+
+    def _settings(self, data: dict[Any, Any]) -> dict[str, Any]:
+        """The file's settings by their field names; an unknown or twice-given name is refused."""
+        settings: dict[str, Any] = {}
+        for key, value in data.items():
+            name = str(key).replace("-", "_")
+            if name not in self._names:
+                close = difflib.get_close_matches(name, self._names, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigFileError(f"{self._path}: {key}: unknown setting{hint}")
+            if name in settings:
+                raise ConfigFileError(f"{self._path}: {key}: given twice")
+            settings[name] = value
+        return settings
