@@ -71,6 +71,36 @@ def _start_replica(url: str, together: BarrierType, failed: Queue) -> None:
         failed.put(repr(exc))
 
 
+def test_two_replicas_creating_a_declared_group_at_once_create_exactly_its_size(databases):
+    url = databases.new("postgresql")
+    ensure_schema(url)
+    replicas = [Store(url), Store(url)]
+
+    async def burst() -> list[str]:
+        outcomes = await asyncio.gather(
+            *(
+                replicas[member % 2].create_rollout(NewRollout(f"m{member}", "g", group_size=4))
+                for member in range(10)
+            ),
+            return_exceptions=True,
+        )
+        return sorted("created" if isinstance(outcome, tuple) else outcome.code for outcome in outcomes)
+
+    try:
+        outcomes = asyncio.run(burst())
+    finally:
+        for replica in replicas:
+            replica.close()
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        members = conn.execute(
+            sa.text("SELECT rollouts, group_size FROM group_stats WHERE group_id = 'g'")
+        ).one()
+    engine.dispose()
+    assert outcomes == ["created"] * 4 + ["group_full"] * 6
+    assert tuple(members) == (4, 4)
+
+
 def test_replicas_starting_together_on_an_empty_database_migrate_it_once_and_all_start(databases):
     url = databases.new("postgresql")
     spawn = multiprocessing.get_context("spawn")
