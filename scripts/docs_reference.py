@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -100,36 +101,69 @@ def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 
 def configuration_page(serve: argparse.ArgumentParser, settings: type[BaseSettings]) -> str:
-    """One table of settings per group of `gateway serve --help` that holds settings (one table when the
-    help does not group them); settings that have no flag come last."""
+    """The command's description and its options that are no setting (`--config`), then one table of settings
+    per group of its `--help` (one table when the help does not group them)."""
     fields, env_prefix = settings.model_fields, str(settings.model_config.get("env_prefix", ""))
     flags = {action.dest: action for action in serve._actions if action.dest in fields}
-    groups: list[tuple[str, str, list[str]]] = []
-    for group in serve._action_groups:
-        names = [action.dest for action in group._group_actions if action.dest in fields]
-        if names:
-            groups.append((group.title or "", group.description or "", names))
-    unflagged = [name for name in fields if name not in flags]
-    if unflagged:
-        groups.append(("Configuration file and environment only", "", unflagged))
+    groups = setting_groups(serve, list(fields))
     parts = [
         "# Configuration reference",
         GENERATED,
-        f"Every setting of `{serve.prog}`: its key in the configuration file, its flag, its environment "
-        "variable, its default and what it sets.",
+        *([prose(serve.description)] if serve.description else []),
     ]
+    others = other_options(serve, list(fields))
+    if others:
+        parts += [f"Options of `{serve.prog}` beside the settings:", "\n".join(others)]
+    parts.append(
+        f"Every setting of `{serve.prog}`: its key in the configuration file, its flag, its environment "
+        "variable, its default and what it sets."
+    )
     for title, description, names in groups:
         if len(groups) > 1:
-            parts += [f"## {title[:1].upper()}{title[1:]}", *([description] if description else [])]
+            parts += [f"## {title[:1].upper()}{title[1:]}", *([prose(description)] if description else [])]
         rows = [setting_row(name, fields[name], env_prefix + name.upper(), flags.get(name)) for name in names]
         parts.append("\n".join([TABLE_HEAD, *rows]))
     return "\n\n".join(parts) + "\n"
 
 
+def setting_groups(serve: argparse.ArgumentParser, names: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(title, description, settings) of each help group that holds settings, in the help's order; the
+    settings that have no flag come last."""
+    groups = []
+    for group in serve._action_groups:
+        held = [action.dest for action in group._group_actions if action.dest in names]
+        if held:
+            groups.append((group.title or "", group.description or "", held))
+    flagged = {name for _, _, held in groups for name in held}
+    unflagged = [name for name in names if name not in flagged]
+    if unflagged:
+        groups.append(("Configuration file and environment only", "", unflagged))
+    return groups
+
+
+def other_options(serve: argparse.ArgumentParser, names: list[str]) -> list[str]:
+    formatter = serve._get_formatter()
+    return [
+        f"- `{', '.join(action.option_strings)}{f' {action.metavar}' if action.metavar else ''}`: "
+        + prose(formatter._expand_help(action))
+        for action in serve._actions
+        if action.dest not in names and action.option_strings and not isinstance(action, argparse._HelpAction)
+    ]
+
+
 def setting_row(name: str, field: FieldInfo, env: str, flag: argparse.Action | None) -> str:
     flag_text = ", ".join(f"`{option}`" for option in flag.option_strings) if flag else ""
-    description = " ".join((field.description or "").split()).replace("|", "\\|")
+    description = prose(field.description or "").replace("|", "\\|")
     return f"| `{name}` | {flag_text} | `{env}` | {default_text(field)} | {description} |"
+
+
+def prose(text: str) -> str:
+    """Help text as Markdown: on one line, and what Markdown would take for emphasis or HTML escaped (not
+    inside `code`)."""
+    pieces = re.split(r"(`[^`]*`)", " ".join(text.split()))
+    return "".join(
+        piece if piece.startswith("`") else re.sub(r"([\\*_<])", r"\\\1", piece) for piece in pieces
+    )
 
 
 def default_text(field: FieldInfo) -> str:

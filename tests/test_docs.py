@@ -21,6 +21,7 @@ import re
 import shlex
 import subprocess
 import symtable
+import sys
 import tempfile
 import tomllib
 from collections.abc import Iterator
@@ -227,7 +228,11 @@ def command_problem(argv: list[str]) -> str | None:
             return None
         case ["scripts/dev", *rest]:
             tasks = ", ".join(sorted(dev_tasks()))
-            return f"scripts/dev has no task {' '.join(rest[:1])!r} (its tasks: {tasks})"
+            return (
+                f"scripts/dev has no task {rest[0]!r} (its tasks: {tasks})"
+                if rest
+                else f"scripts/dev TASK: {tasks}"
+            )
         case ["vllm", "serve", *args]:
             return vllm_problem(vllm_parsers()[0], ["serve", *args])
         case ["python", "-m", "vllm.entrypoints.openai.api_server", *args]:
@@ -341,15 +346,25 @@ def example_problem(script: str, args: list[str]) -> str | None:
     except Exception as exc:
         return f"importing {script} fails: {type(exc).__name__}: {exc}"
     build_parser = getattr(example, "build_parser", None)
-    return parse_problem(build_parser(), args) if callable(build_parser) else None
+    if not callable(build_parser):
+        return None
+    parser = build_parser()
+    parser.prog = f"python {script}"
+    return parse_problem(parser, args)
 
 
 @functools.cache
 def load_example(path: Path) -> ModuleType:
+    """The example imported as `python examples/NAME.py` runs it: its directory first on the path (an
+    example imports the one beside it)."""
     spec = importlib.util.spec_from_file_location(f"docs_example_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module
 
 
@@ -508,15 +523,34 @@ def test_yaml_blocks_are_gateway_configurations_or_marked_and_parse(page: Path) 
 
 def yaml_problems(block: Block) -> list[str]:
     try:
-        documents = list(yaml.safe_load_all(block.body))
+        list(yaml.safe_load_all(block.body))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         return [f"{block.at(mark.line if mark else 0)}: not YAML: {getattr(exc, 'problem', None) or exc}"]
     if block.not_run is not None:
         return []
-    if len(documents) != 1 or not isinstance(documents[0], dict):
-        return [f"{block.at(0)}: a gateway configuration is one mapping of settings; {UNMARKED}"]
-    return []
+    problem = configuration_problem(block.body)
+    return (
+        [f"{block.at(-1)}: {problem} (other YAML than a gateway configuration is marked)"] if problem else []
+    )
+
+
+def configuration_problem(text: str) -> str | None:
+    """What `gateway serve --config FILE` says of the file, as it builds its settings (over the environment
+    of the tests, which sets no GATEWAY_* setting)."""
+    from gateway.cli import settings_from
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gateway.yaml"
+        path.write_text(text)
+        args = gateway_parser().parse_args(["serve", "--config", str(path)])
+        errors = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(errors):
+                settings_from(args)
+        except SystemExit:
+            return errors.getvalue().strip().replace(str(path), "the block")
+    return None
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
