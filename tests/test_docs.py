@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import io
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -47,6 +48,7 @@ SH_SHAPES = (
     "python -m vllm.entrypoints.openai.api_server ..., python examples/FILE.py ..., curl ..., "
     "export NAME=value, python -m testbed.tiny_model DIR"
 )
+CODE = ("gateway", "trainer_client", "training_data", "testbed", "tests", "bench", "scripts", "examples")
 UNMARKED = "mark the block <!-- not run: <reason> --> if it is not meant to run as it stands"
 
 
@@ -135,8 +137,9 @@ def report(problems: list[str]) -> str:
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_every_block_names_a_language_the_conventions_check(page: Path) -> None:
     problems = [
-        f"{block.page}:{block.line}: a block tagged {block.language or 'with no language'!r}: tag it one "
-        f"of {', '.join(LANGUAGES)}"
+        f"{block.page}:{block.line}: "
+        f"{f'a block tagged {block.language!r}' if block.language else 'a block with no language tag'}: "
+        f"tag it one of {', '.join(LANGUAGES)}"
         for block in fenced_blocks(page)
         if block.language not in LANGUAGES
     ]
@@ -254,10 +257,10 @@ def parse_problem(parser: argparse.ArgumentParser, args: list[str]) -> str | Non
     try:
         with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
             parser.parse_args(args)
-    except SystemExit as exit:
-        if exit.code:
+    except SystemExit as stop:
+        if stop.code:
             said = errors.getvalue().strip().splitlines()
-            return said[-1] if said else f"{parser.prog} exits {exit.code}"
+            return said[-1] if said else f"{parser.prog} exits {stop.code}"
     return None
 
 
@@ -442,7 +445,7 @@ def gateway_variables() -> frozenset[str]:
 
     prefix = str(Settings.model_config.get("env_prefix", ""))
     named: set[str] = {prefix + name.upper() for name in Settings.model_fields}
-    code = [ROOT / "scripts" / "dev", *ROOT.glob("*/**/*.py")]
+    code = [ROOT / "scripts" / "dev", *(path for folder in CODE for path in (ROOT / folder).rglob("*.py"))]
     for path in code:
         named.update(re.findall(r"\bGATEWAY_[A-Z0-9_]+", path.read_text(errors="replace")))
     return frozenset(named)
@@ -473,7 +476,9 @@ def python_problems(block: Block) -> list[str]:
             if include and not is_example(include["path"])
         ]
     if any(includes):
-        return [f"{block.at(0)}: a snippet include shares its block with code: give it a block of its own"]
+        return [
+            f"{block.at(0)}: a snippet include shares its block with code: an include is alone in its block"
+        ]
     problems = [] if block.not_run is not None else [f"{block.at(-1)}: {PYTHON_UNMARKED}"]
     try:
         undefined = undefined_names(block.body, block.at(0))
@@ -516,7 +521,11 @@ def module_reads(table: symtable.SymbolTable) -> set[str]:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
-def test_yaml_blocks_are_gateway_configurations_or_marked_and_parse(page: Path) -> None:
+def test_yaml_blocks_are_gateway_configurations_or_marked_and_parse(
+    page: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [name for name in os.environ if name.upper().startswith("GATEWAY_")]:
+        monkeypatch.delenv(name)  # a block is judged alone, not over this shell's settings
     problems = [problem for block in blocks_of(page, "yaml") for problem in yaml_problems(block)]
     assert not problems, report(problems)
 
@@ -536,8 +545,7 @@ def yaml_problems(block: Block) -> list[str]:
 
 
 def configuration_problem(text: str) -> str | None:
-    """What `gateway serve --config FILE` says of the file, as it builds its settings (over the environment
-    of the tests, which sets no GATEWAY_* setting)."""
+    """What `gateway serve --config FILE` says of the file as it builds its settings."""
     from gateway.cli import settings_from
 
     with tempfile.TemporaryDirectory() as tmp:
