@@ -1,4 +1,8 @@
-"""`trainer-client`: statistics, exports and a live view of the gateway's store."""
+"""`trainer-client`: statistics, exports and a live view of the gateway's store.
+
+A mistake ends the command in one line, `PROG: error: WHAT`, as the gateway's command line does: exit 2 for
+what the command line, the environment or the configuration file says, 1 for what the command met (no store
+at the URL, a store it cannot reach, a teacher that refuses)."""
 
 from __future__ import annotations
 
@@ -9,27 +13,64 @@ import os
 import sys
 import time
 from datetime import datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, NoReturn, TextIO
 
-from sqlalchemy import text
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type information (types-PyYAML is separate)
+from sqlalchemy import Connection, func, select, text
+
+DEFAULT_DB = "sqlite:///gateway.db"
+_GROUPS_PER_BATCH = 100
+"""Groups read (and written) at a time: exports larger than memory stream to disk."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes in one line, like the command's other errors: the usage is one --help away."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class CommandError(Exception):
+    """What the command met that stops it (not a mistake of its arguments): one line, exit 1."""
+
+
+def _version() -> str:
+    try:
+        return version("rl-gateway")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="trainer-client", description="Read training samples and statistics from the gateway's store."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    db_help = "the gateway's database URL (default: %(default)s)"
+    store = _Parser(add_help=False)
+    store.add_argument(
+        "--db",
+        metavar="URL",
+        help=f"the gateway's store, its database URL (default: $GATEWAY_DB, else the db key of the --config "
+        f"file, else {DEFAULT_DB})",
+    )
+    store.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the gateway's configuration file (gateway serve --config), whose db key names the store "
+        "[env GATEWAY_CONFIG]",
+    )
 
     stats = commands.add_parser(
-        "stats", help="rollouts, groups, turns, tokens, rewards, drift, errors, claims"
+        "stats", parents=[store], help="rollouts, groups, turns, tokens, rewards, drift, errors, claims"
     )
-    stats.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
-    export = commands.add_parser("export", help="write step-wise samples of ready groups (claims nothing)")
-    export.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
+    export = commands.add_parser(
+        "export", parents=[store], help="write step-wise samples of ready groups (claims nothing)"
+    )
     export.add_argument(
         "--format",
         choices=("jsonl", "parquet", "hf"),
@@ -39,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--output", "-o", required=True, help="file (hf: directory) to write; - for standard output"
+    )
+    _add_choice(
+        export,
+        "export this GRPO group only (once it is ready)",
+        "export the ready groups whose rollouts were all created at or after TIME",
     )
     export.add_argument(
         "--include-errors", action="store_true", help="keep rollouts with failed turns, masked"
@@ -65,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     score = commands.add_parser(
         "score",
+        parents=[store],
         help="store a teacher vLLM's logprob of every sampled token (on-policy distillation)",
         description="Send each stored turn's exact ids (prompt and completion as the engine saw and sampled "
         "them) to a teacher vLLM server for prompt_logprobs and store the teacher's logprob of every sampled "
@@ -72,7 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
         "left alone: rerunning resumes an interrupted run and scores only what is new. The teacher must "
         "decode every token id as the policy's server does, or it is refused.",
     )
-    score.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
     score.add_argument("--teacher", required=True, metavar="URL", help="the teacher's vLLM server")
     score.add_argument(
         "--model",
@@ -80,14 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="the teacher's served model name; scores are stored under it",
     )
-    chosen = score.add_mutually_exclusive_group()
-    chosen.add_argument("--group-id", help="score this GRPO group's rollouts only")
-    chosen.add_argument(
-        "--since",
-        metavar="TIME",
-        help="score rollouts created at or after TIME: ISO 8601 (2026-11-25T14:00:00, local time unless it "
-        "says), or seconds since the epoch",
-    )
+    _add_choice(score, "score this GRPO group's rollouts only", "score rollouts created at or after TIME")
     score.add_argument(
         "--policy",
         metavar="URL",
@@ -108,9 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--concurrency", type=int, default=4, help="requests in flight (default: %(default)s)")
 
     evaluate = commands.add_parser(
-        "eval", help="mean reward and pass@k of the rollouts tagged eval, per policy version"
+        "eval", parents=[store], help="mean reward and pass@k of the rollouts tagged eval, per policy version"
     )
-    evaluate.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
     evaluate.add_argument(
         "-k",
         type=int,
@@ -127,32 +165,102 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--output", "-o", help="also save the report as JSON to this file")
 
-    tail = commands.add_parser("tail", help="follow groups as they finish")
-    tail.add_argument("--db", default="sqlite:///gateway.db", help=db_help)
+    tail = commands.add_parser("tail", parents=[store], help="follow groups as they finish")
     tail.add_argument(
         "--interval", type=float, default=2.0, help="seconds between polls (default: %(default)s)"
     )
     tail.add_argument("--lines", type=int, default=10, help="already finished groups to show first")
+    for command in (stats, export, score, evaluate, tail):
+        command.set_defaults(prog=command.prog)
     return parser
 
 
+def _add_choice(parser: argparse.ArgumentParser, group_help: str, since_help: str) -> None:
+    """Which rollouts a command takes, the same way for each: one group's, or those since a time."""
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--group-id", help=group_help)
+    chosen.add_argument(
+        "--since",
+        metavar="TIME",
+        type=_moment,
+        help=f"{since_help}: ISO 8601 (2026-11-25T14:00:00, local time unless it says), or seconds since the "
+        "epoch",
+    )
+
+
+def _moment(value: str) -> float:
+    """Seconds since the epoch from ISO 8601 (local time unless it gives its offset) or a number."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither ISO 8601 nor seconds") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    from gateway.store.database import SchemaMismatch, check_url
+    from gateway.store.database import SchemaMismatch, StoreUnreachable, reach
 
     args = build_parser().parse_args(argv)
     command = {"stats": _stats, "export": _export, "score": _score, "eval": _eval, "tail": _tail}[
         args.command
     ]
+    args.db = _store_url(args)
     try:
-        check_url(args.db)
-    except ValueError as exc:
-        print(f"trainer-client: --db: {exc}", file=sys.stderr)
-        return 2
-    try:
+        reach(args.db, create=False)  # a reader: a SQLite file that is not there is no store, left uncreated
         return command(args)
-    except SchemaMismatch as exc:
-        print(f"trainer-client: {exc}", file=sys.stderr)
-        return 2
+    except (CommandError, StoreUnreachable, SchemaMismatch) as exc:
+        print(f"{args.prog}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _usage_error(args: argparse.Namespace, message: str) -> NoReturn:
+    print(f"{args.prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _store_url(args: argparse.Namespace) -> str:
+    """The store's URL: --db, else $GATEWAY_DB, else the configuration file's db key, else the gateway's
+    default (the gateway's own order: the command line over the environment over the file)."""
+    from gateway.store.database import check_url
+
+    config = args.config or os.environ.get("GATEWAY_CONFIG") or None
+    configured = _configured_db(args, config) if config else None
+    for url, where in (
+        (args.db, "--db"),
+        (os.environ.get("GATEWAY_DB") or None, "GATEWAY_DB"),
+        (configured, f"{config}: db"),
+    ):
+        if url is not None:
+            try:
+                return check_url(url)
+            except ValueError as exc:
+                _usage_error(args, f"{where}: {exc}")
+    return DEFAULT_DB
+
+
+def _configured_db(args: argparse.Namespace, path: str) -> str | None:
+    """The db key of the gateway's configuration file (the gateway checks its other keys)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        _usage_error(args, f"{path}: no such file")
+    except (OSError, UnicodeDecodeError) as exc:
+        _usage_error(args, f"{path}: cannot be read: {exc}")
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        _usage_error(args, f"{path}: {where}not YAML: {getattr(exc, 'problem', None) or exc}")
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        _usage_error(args, f"{path}: not a mapping of settings (`name: value` lines)")
+    db = data.get("db")
+    if db is not None and not isinstance(db, str):
+        _usage_error(args, f"{path}: db: not a database URL")
+    return db
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -210,20 +318,19 @@ def _export(args: argparse.Namespace) -> int:
     if args.format == "hf":
         return _export_hf(args, options)
     if to_stdout and args.format == "parquet" and sys.stdout.isatty():
-        print(
-            "trainer-client: refusing to write parquet to a terminal; redirect it or use -o FILE",
-            file=sys.stderr,
-        )
-        return 2
+        _usage_error(args, "refusing to write parquet to a terminal; redirect it or use -o FILE")
     target: Any = sys.stdout.buffer if to_stdout else Path(args.output)
     sink = _JsonlSink(target) if args.format == "jsonl" else _ParquetSink(target)
     written = 0
     with TrainerClient(args.db) as client:
         with client.engine.connect() as conn:
-            total = len(ready_groups(conn, options, unclaimed_only=False))
+            groups = _chosen(
+                conn, ready_groups(conn, options, unclaimed_only=False), args.group_id, args.since
+            )
         shown = sys.stderr if sys.stderr.isatty() else _LastDrawing(sys.stderr)
-        with tqdm(total=total, unit="group", desc="exporting", file=shown) as progress:
-            for batch in client.iter_batches(options):
+        with tqdm(total=len(groups), unit="group", desc="exporting", file=shown) as progress:
+            for start in range(0, len(groups), _GROUPS_PER_BATCH):
+                batch = client.read_groups(groups[start : start + _GROUPS_PER_BATCH], options)
                 sink.write([sample.to_json() for sample in batch.samples])
                 written += len(batch.samples)
                 progress.update(batch.counts.get("groups", 0) + batch.counts.get("dropped_groups", 0))
@@ -232,13 +339,29 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chosen(conn: Connection, ready: list[str], group_id: str | None, since: float | None) -> list[str]:
+    """The ready groups --group-id or --since choose (all without either), oldest first."""
+    from gateway.store import schema
+
+    if group_id is not None:
+        return [group for group in ready if group == group_id]
+    if since is None:
+        return ready
+    r = schema.rollouts
+    started = select(r.c.group_id).group_by(r.c.group_id).having(func.min(r.c.created_at) >= since)
+    later = {row[0] for row in conn.execute(started)}
+    return [group for group in ready if group in later]
+
+
 def _export_hf(args: argparse.Namespace, options: Any) -> int:
     if args.output == "-":
-        print("trainer-client: --format hf writes a directory: give it with -o DIR", file=sys.stderr)
-        return 2
+        _usage_error(args, "--format hf writes a directory: give it with -o DIR")
+    if args.group_id is not None or args.since is not None:
+        _usage_error(
+            args, "--format hf writes every ready group: --group-id and --since take jsonl or parquet"
+        )
     if importlib.util.find_spec("datasets") is None:
-        print("trainer-client: --format hf needs the hf extra: pip install 'rl-gateway[hf]'", file=sys.stderr)
-        return 2
+        _usage_error(args, "--format hf needs the hf extra: pip install 'rl-gateway[hf]'")
     from trainer_client import hf
 
     written = hf.save(args.db, options, Path(args.output))
@@ -318,13 +441,7 @@ def _score(args: argparse.Namespace) -> int:
     from training_data.teacher_scores import ScoreFilter
 
     if args.batch_tokens < 1 or args.concurrency < 1:
-        print("trainer-client: --batch-tokens and --concurrency must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        since = None if args.since is None else _moment(args.since)
-    except ValueError:
-        print(f"trainer-client: --since: {args.since!r} is neither ISO 8601 nor seconds", file=sys.stderr)
-        return 2
+        _usage_error(args, "--batch-tokens and --concurrency must be at least 1")
     teacher = TeacherServer(args.teacher, args.model, api_key=args.api_key)
     scorer = Scorer(args.db, teacher, batch_tokens=args.batch_tokens, concurrency=args.concurrency)
     shown = sys.stderr if sys.stderr.isatty() else _LastDrawing(sys.stderr)
@@ -338,10 +455,9 @@ def _score(args: argparse.Namespace) -> int:
 
     try:
         scorer.check(args.policy)
-        report = scorer.score(ScoreFilter(group_id=args.group_id, since=since), advance)
+        report = scorer.score(ScoreFilter(group_id=args.group_id, since=args.since), advance)
     except TeacherError as exc:
-        print(f"trainer-client: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     finally:
         for bar in bars:
             bar.close()
@@ -360,14 +476,6 @@ def _score(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-def _moment(value: str) -> float:
-    """Seconds since the epoch from ISO 8601 (local time unless it gives its offset) or a number."""
-    try:
-        return float(value)
-    except ValueError:
-        return datetime.fromisoformat(value).timestamp()
 
 
 def _eval(args: argparse.Namespace) -> int:
