@@ -7,7 +7,6 @@ environment or the configuration file says (the usage is one --help away), 1 for
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import socket
 import sys
@@ -222,45 +221,33 @@ def _serve(args: argparse.Namespace) -> int:
         "timeout_keep_alive": 75,
     }
     configure_logging(settings)
-    listening = _listen(settings.host, settings.port)
-    try:
-        ensure_schema(settings.db)  # here, not in the server's start-up: a store it cannot reach is one line
-    except BaseException:
-        listening.close()
-        raise
+    _check_port(settings.host, settings.port)
+    ensure_schema(settings.db)  # here, not in the server's start-up: a store it cannot reach is one line
     if settings.workers > 1:
         from gateway.workers.supervisor import serve
 
-        listening.close()  # the supervisor binds the port its workers share
         return serve(settings, {**flags_given(args), "_config_file": config_file(args)}, **server)
     import uvicorn
-    from uvicorn.config import STARTUP_FAILURE
 
     from gateway.app import create_app
 
-    config = uvicorn.Config(
+    uvicorn.run(
         create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, **server
     )
-    gateway = uvicorn.Server(config)
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn stops gracefully, then raises the interrupt again
-        gateway.run(sockets=[listening])
-    return 0 if gateway.started else STARTUP_FAILURE
+    return 0
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The gateway's socket, bound before anything starts: a port already taken is one line, not a failure
-    after the whole start-up (uvicorn binds after its app has started)."""
-    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listening.bind((host, port))
-    except OSError as exc:
-        listening.close()
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        reason = exc.strerror or str(exc)
-        raise CommandError(f"cannot listen on {where}: {reason[:1].lower()}{reason[1:]}") from None
-    listening.set_inheritable(True)
-    return listening
+def _check_port(host: str, port: int) -> None:
+    """Bind the gateway's address once before anything starts: a port already taken is one line, not an
+    error after the whole start-up (uvicorn binds once its app has started)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            reason = exc.strerror or str(exc)
+            raise CommandError(f"cannot listen on {where}: {reason[:1].lower()}{reason[1:]}") from None
 
 
 def _db(args: argparse.Namespace) -> int:

@@ -1,9 +1,12 @@
-"""Command lines: a database URL the store cannot use is a one-line error naming the URLs it accepts; an
-export shows its progress bar once."""
+"""Command lines as processes: a store the gateway cannot reach (with one worker or several) and a port
+already taken are one line on standard error, nothing else (no server log, no traceback); trainer-client
+without a store leaves no file behind; an export shows its progress bar once. Each mistake's exact line, in
+process: tests/unit/test_cli_errors.py."""
 
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,51 +20,46 @@ from gateway.settings import Settings
 
 pytestmark = pytest.mark.engine  # each case starts a command line as a process (trainer-client loads torch)
 
-ACCEPTED = "use sqlite:///PATH, postgresql://USER@HOST/DB (or postgresql+psycopg://...)"
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=60)
-
-
-@pytest.mark.parametrize(
-    ("url", "why"),
-    [
-        ("postgresql+asyncpg://user@host/db", "the store cannot use 'postgresql+asyncpg' URLs"),
-        ("sqlite+aiosqlite:///x.db", "the store cannot use 'sqlite+aiosqlite' URLs"),
-        ("mysql://user@host/db", "the store cannot use 'mysql' URLs"),
-        ("gateway.db", "'gateway.db' is not a database URL"),
-    ],
+UNRESOLVED = (
+    "cannot reach the store at postgresql://nohost:5432/x: failed to resolve host 'nohost': Name or service "
+    "not known"
 )
-def test_an_unusable_database_url_is_a_one_line_error(url, why):
-    serve = run("gateway", "serve", "--db", url)
-    upgrade = run("gateway", "db", "upgrade", "--db", url)
-    stats = run("trainer_client.cli", "stats", "--db", url)
-
-    assert (serve.returncode, upgrade.returncode, stats.returncode) == (2, 2, 2)
-    assert serve.stderr.splitlines() == [f"gateway serve: error: --db: {why}; {ACCEPTED}"]
-    assert upgrade.stderr.splitlines() == [f"gateway db upgrade: error: --db: {why}; {ACCEPTED}"]
-    assert stats.stderr.splitlines() == [f"trainer-client: --db: {why}; {ACCEPTED}"]
 
 
-def test_several_workers_on_sqlite_is_a_one_line_error(tmp_path):
-    serve = run("gateway", "serve", "--workers", "2", "--db", f"sqlite:///{tmp_path}/gateway.db")
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_store_the_gateway_cannot_reach_is_one_line_before_the_server_starts(workers):
+    serve = run("gateway", "serve", "--db", "postgresql://nohost/x", "--port", "0", "--workers", workers)
 
-    assert serve.returncode == 2
-    assert serve.stderr.splitlines() == [
-        "gateway serve: error: --workers: several workers need a PostgreSQL store (--db postgresql://...): "
-        "SQLite takes one writer"
-    ]
+    assert (serve.returncode, serve.stderr) == (1, f"gateway serve: error: {UNRESOLVED}\n")
 
 
-def test_heartbeats_on_sqlite_are_a_one_line_error(tmp_path):
-    serve = run("gateway", "serve", "--process-timeout", "3", "--db", f"sqlite:///{tmp_path}/gateway.db")
+def test_a_port_already_taken_is_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = run("gateway", "serve", "--port", str(port), "--db", f"sqlite:///{tmp_path}/gateway.db")
 
-    assert serve.returncode == 2
-    assert serve.stderr.splitlines() == [
-        "gateway serve: error: --process-timeout: for gateway processes sharing a PostgreSQL store; a SQLite "
-        "store has one process"
-    ]
+    assert (serve.returncode, serve.stderr) == (
+        1,
+        f"gateway serve: error: cannot listen on 127.0.0.1:{port}: address already in use\n",
+    )
+
+
+def test_trainer_client_in_a_directory_without_a_store_says_so_and_creates_none(tmp_path):
+    stats = run("trainer_client.cli", "stats", cwd=tmp_path)
+
+    assert (stats.returncode, stats.stderr) == (
+        1,
+        f"trainer-client stats: error: no store at sqlite:///gateway.db: {tmp_path}/gateway.db does not "
+        "exist\n",
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def store_with_groups(path: Path, groups: int) -> str:
