@@ -320,14 +320,14 @@ def dev_tasks() -> frozenset[str]:
 
 @functools.cache
 def vllm_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """`vllm`'s parser with its `serve` subcommand, and the API server module's: vLLM's own, built once (the
-    import takes seconds) and only for a page that has such a line."""
-    from vllm.entrypoints.cli.serve import ServeSubcommand
+    """`vllm` with its `serve` subcommand, and the API server module's parser: vLLM's own arguments
+    (make_arg_parser, as vllm.entrypoints.cli.serve adds them, without importing the engine as that module
+    does), built once (the import takes seconds) and only for a page that has such a line."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     cli = FlexibleArgumentParser(prog="vllm")
-    ServeSubcommand().subparser_init(cli.add_subparsers(dest="subparser"))
+    make_arg_parser(cli.add_subparsers(dest="subparser").add_parser("serve"))
     api_server = make_arg_parser(FlexibleArgumentParser(prog="python -m vllm.entrypoints.openai.api_server"))
     return cli, api_server
 
