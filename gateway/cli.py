@@ -191,7 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_flags(upgrade, ["db"])
     _add_config_flag(upgrade)
     upgrade.set_defaults(prog=upgrade.prog)
-    upgrade.add_argument("--revision", default="head")
+    upgrade.add_argument(
+        "--revision", default="head", help="the migration to stop at (default: %(default)s, the latest)"
+    )
     current = db_commands.add_parser("current", help="print the database's schema revision")
     _add_settings_flags(current, ["db"])
     _add_config_flag(current)
@@ -255,7 +257,12 @@ def _db(args: argparse.Namespace) -> int:
 
     settings = settings_from(args, ["db"])
     if args.db_command == "upgrade":
-        database.upgrade(settings.db, args.revision)
+        from alembic.util import CommandError as RevisionError
+
+        try:
+            database.upgrade(settings.db, args.revision)
+        except RevisionError as exc:
+            usage_error(args.prog, f"--revision: {exc}")
         print(f"{database.display_url(settings.db)} is at revision {args.revision}")
         return 0
     database.reach(settings.db)

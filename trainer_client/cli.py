@@ -140,11 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     score.add_argument(
         "--batch-tokens",
-        type=int,
+        type=_at_least_one,
         default=16384,
         help="tokens per request to the teacher (default: %(default)s)",
     )
-    score.add_argument("--concurrency", type=int, default=4, help="requests in flight (default: %(default)s)")
+    score.add_argument(
+        "--concurrency", type=_at_least_one, default=4, help="requests in flight (default: %(default)s)"
+    )
 
     evaluate = commands.add_parser(
         "eval", parents=[store], help="mean reward and pass@k of the rollouts tagged eval, per policy version"
@@ -200,6 +202,16 @@ def _moment(value: str) -> float:
         raise argparse.ArgumentTypeError(f"{value!r} is neither ISO 8601 nor seconds") from None
 
 
+def _at_least_one(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return number
+
+
 def main(argv: list[str] | None = None) -> int:
     from gateway.store.database import SchemaMismatch, StoreUnreachable, reach
 
@@ -208,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         args.command
     ]
     args.db = _store_url(args)
+    if args.command == "export":
+        _check_export(args)  # what the arguments say is said before what the store says
     try:
         reach(args.db, create=False)  # a reader: a SQLite file that is not there is no store, left uncreated
         return command(args)
@@ -317,8 +331,6 @@ def _export(args: argparse.Namespace) -> int:
     to_stdout = args.output == "-"
     if args.format == "hf":
         return _export_hf(args, options)
-    if to_stdout and args.format == "parquet" and sys.stdout.isatty():
-        _usage_error(args, "refusing to write parquet to a terminal; redirect it or use -o FILE")
     target: Any = sys.stdout.buffer if to_stdout else Path(args.output)
     sink = _JsonlSink(target) if args.format == "jsonl" else _ParquetSink(target)
     written = 0
@@ -353,7 +365,11 @@ def _chosen(conn: Connection, ready: list[str], group_id: str | None, since: flo
     return [group for group in ready if group in later]
 
 
-def _export_hf(args: argparse.Namespace, options: Any) -> int:
+def _check_export(args: argparse.Namespace) -> None:
+    if args.format == "parquet" and args.output == "-" and sys.stdout.isatty():
+        _usage_error(args, "refusing to write parquet to a terminal; redirect it or use -o FILE")
+    if args.format != "hf":
+        return
     if args.output == "-":
         _usage_error(args, "--format hf writes a directory: give it with -o DIR")
     if args.group_id is not None or args.since is not None:
@@ -362,6 +378,9 @@ def _export_hf(args: argparse.Namespace, options: Any) -> int:
         )
     if importlib.util.find_spec("datasets") is None:
         _usage_error(args, "--format hf needs the hf extra: pip install 'rl-gateway[hf]'")
+
+
+def _export_hf(args: argparse.Namespace, options: Any) -> int:
     from trainer_client import hf
 
     written = hf.save(args.db, options, Path(args.output))
@@ -440,8 +459,6 @@ def _score(args: argparse.Namespace) -> int:
     from trainer_client.scoring import Scorer, TeacherError, TeacherServer
     from training_data.teacher_scores import ScoreFilter
 
-    if args.batch_tokens < 1 or args.concurrency < 1:
-        _usage_error(args, "--batch-tokens and --concurrency must be at least 1")
     teacher = TeacherServer(args.teacher, args.model, api_key=args.api_key)
     scorer = Scorer(args.db, teacher, batch_tokens=args.batch_tokens, concurrency=args.concurrency)
     shown = sys.stderr if sys.stderr.isatty() else _LastDrawing(sys.stderr)

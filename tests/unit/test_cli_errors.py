@@ -209,21 +209,43 @@ def test_a_port_already_taken_is_one_line_naming_it_before_the_store_is_touched(
     assert not store.exists()
 
 
-def test_a_usage_mistake_is_one_line_without_the_usage(capsys: pytest.CaptureFixture[str]):
+def test_a_usage_mistake_is_one_line_without_the_usage_and_comes_before_the_store(
+    capsys: pytest.CaptureFixture[str], in_empty_dir: Path
+):
+    score = ["score", "--teacher", "http://127.0.0.1:9", "--model", "teacher"]
+
     assert stopped(gateway, ["serve", "--port", "eighty"], capsys) == (
         2,
         "gateway serve: error: argument --port: invalid int value: 'eighty'\n",
+    )
+    assert stopped(
+        gateway, ["db", "upgrade", "--db", "sqlite:///gateway.db", "--revision", "nope"], capsys
+    ) == (
+        2,
+        "gateway db upgrade: error: --revision: Can't locate revision identified by 'nope'\n",
     )
     assert stopped(trainer_client, ["export"], capsys) == (
         2,
         "trainer-client export: error: the following arguments are required: --output/-o\n",
     )
-    assert stopped(
-        trainer_client, ["score", "--teacher", "u", "--model", "m", "--since", "yesterday"], capsys
-    ) == (
+    assert stopped(trainer_client, [*score, "--since", "yesterday"], capsys) == (
         2,
         "trainer-client score: error: argument --since: 'yesterday' is neither ISO 8601 nor seconds\n",
     )
+    assert stopped(trainer_client, [*score, "--batch-tokens", "0"], capsys) == (
+        2,
+        "trainer-client score: error: argument --batch-tokens: must be at least 1\n",
+    )
+    assert stopped(trainer_client, ["export", "--format", "hf", "-o", "-"], capsys) == (
+        2,
+        "trainer-client export: error: --format hf writes a directory: give it with -o DIR\n",
+    )
+    assert stopped(trainer_client, ["export", "--format", "hf", "-o", "out", "--group-id", "g"], capsys) == (
+        2,
+        "trainer-client export: error: --format hf writes every ready group: --group-id and --since take "
+        "jsonl or parquet\n",
+    )
+    assert [path.name for path in in_empty_dir.iterdir()] == ["gateway.db"]  # the revision's store only
 
 
 def test_a_store_that_is_not_there_is_one_line_and_is_not_created(
