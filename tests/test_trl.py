@@ -1,7 +1,8 @@
 """TRL trains through the gateway on CPU: `openai` SDK agents play the toy task through the gateway, TRL's
-GRPO trainers (the synchronous `GRPOTrainer` and the experimental `AsyncGRPOTrainer`) train on the ids the
-store recorded, and vLLM takes every step's weights through the admin API. The tiny model's reward rises, and
-the ids TRL trained on are the ids vLLM saw and sampled."""
+GRPO trainers (the synchronous `GRPOTrainer` and the experimental `AsyncGRPOTrainer`, as examples/trl_grpo.py
+and examples/trl_async_grpo.py build them) train on the ids the store recorded, and vLLM takes every step's
+weights through the admin API. The tiny model's reward rises, and the ids TRL trained on are the ids vLLM saw
+and sampled."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from test_examples import example
 
 from gateway.store.database import make_engine
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig
@@ -55,18 +57,33 @@ def stored_turns(gateway_url: str, rollout_id: str) -> list[dict[str, Any]]:
     return list(answer.json()["turns"])
 
 
+def trl_args(gateway_url: str, db_url: str, policy_dir: Path, output_dir: Path) -> list[str]:
+    """What both TRL examples are given here: the gateway, its store and the served directory, on the CPU."""
+    return [
+        *("--gateway", gateway_url, "--db", db_url, "--model-dir", str(policy_dir)),
+        *("--steps", str(STEPS), "--learning-rate", "1e-2", "--output-dir", str(output_dir), "--cpu"),
+    ]
+
+
 def test_trl_grpo_trainer_trains_on_the_ids_vllm_sampled_and_its_reward_rises(policy, work_dir):
     from trl import GRPOTrainer
 
-    from trainer_client.reference.trl_toy import toy_agent, toy_grpo_trainer
-    from trainer_client.trl import GatewayRollouts, GatewayWeightSync, Rollout
+    from trainer_client.trl import Rollout
 
+    trl_grpo = example("trl_grpo")
     gateway, db_url, policy_dir = policy
+    args = trl_grpo.build_parser().parse_args(
+        [
+            *trl_args(gateway.url, db_url, policy_dir, work_dir / "trl-out"),
+            *("--model", "tiny", "--prompts-per-step", str(GROUPS), "--group-size", str(GROUP_SIZE)),
+        ]
+    )
     played: list[Rollout] = []
+    play = trl_grpo.make_agent(args.model, args.max_tokens)
 
     async def agent(prompt: str, rollout: Rollout) -> float:
         played.append(rollout)
-        return await toy_agent(prompt, rollout)
+        return await play(prompt, rollout)
 
     trained: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
 
@@ -84,19 +101,7 @@ def test_trl_grpo_trainer_trains_on_the_ids_vllm_sampled_and_its_reward_rises(po
                 trained.add((tuple(ids[mask.bool()].tolist()), tuple(out[out_mask.bool()].tolist())))
             return super()._compute_loss(model, inputs)
 
-    rollouts = GatewayRollouts(gateway.url, db_url, agent)
-    sync = GatewayWeightSync(gateway.url, policy_dir)
-    trainer = toy_grpo_trainer(
-        policy_dir,
-        rollouts,
-        sync,
-        work_dir / "trl-out",
-        steps=STEPS,
-        groups=GROUPS,
-        group_size=GROUP_SIZE,
-        trainer_class=Recording,
-        seed=0,
-    )
+    trainer, rollouts, sync = trl_grpo.build_trainer(args, agent, Recording)
     trainer.train()
     rollouts.close()
 
@@ -265,12 +270,10 @@ def test_trl_async_grpo_trainer_takes_claimed_groups_with_their_advantages_and_i
     policy, work_dir, monkeypatch
 ):
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-    from datasets import Dataset
-    from transformers import AttentionInterface, AutoTokenizer
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer
+    from transformers import AttentionInterface
+    from trl.experimental.async_grpo import async_grpo_trainer
 
-    from trainer_client.trl import GatewayRolloutWorker, GatewayWeightTransfer
-
+    trl_async_grpo = example("trl_async_grpo")
     gateway, db_url, policy_dir = policy
     # AsyncGRPOTrainer assumes CUDA: on CPU its throughput metric has no peak to compare with.
     monkeypatch.setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda *_: float("nan"))
@@ -278,7 +281,20 @@ def test_trl_async_grpo_trainer_takes_claimed_groups_with_their_advantages_and_i
     # learning: measured 0.13 at version 1, and over versions 8-10 a mean 0.10 to 0.22 higher (three runs).
     # With one version of staleness it learns too, more slowly (0.13 to 0.25 in ten steps, a third of its
     # tokens clipped). TRL's synchronous trainer, above, learns the task within five steps.
-    worker = GatewayRolloutWorker(db_url, max_staleness=0, groups_per_claim=GROUPS)
+    args = trl_async_grpo.build_parser().parse_args(
+        [
+            *trl_args(gateway.url, db_url, policy_dir, work_dir / "trl-async-out"),
+            *(
+                "--batch-size",
+                str(GROUPS * GROUP_SIZE),
+                "--groups-per-claim",
+                str(GROUPS),
+                "--max-staleness",
+                "0",
+            ),
+        ]
+    )
+    worker = trl_async_grpo.build_worker(args)
     taken: list[Any] = []
 
     class Recorded(queue.Queue[Any]):
@@ -290,30 +306,7 @@ def test_trl_async_grpo_trainer_takes_claimed_groups_with_their_advantages_and_i
             return sample
 
     worker.rollout_buffer = Recorded(4096)
-    args = AsyncGRPOConfig(
-        output_dir=str(work_dir / "trl-async-out"),
-        use_cpu=True,
-        bf16=False,
-        per_device_train_batch_size=GROUPS * GROUP_SIZE,
-        token_budget=0,  # a fixed number of samples a step, not a token budget asked of a vLLM
-        max_steps=STEPS,
-        max_staleness=0,
-        learning_rate=1e-2,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        gradient_checkpointing=False,
-        seed=0,
-    )
-    trainer = AsyncGRPOTrainer(
-        model=str(policy_dir),
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": list(TASK.prompts)}),
-        processing_class=AutoTokenizer.from_pretrained(policy_dir),
-        rollout_worker=worker,
-        weight_transfer=GatewayWeightTransfer(gateway.url, policy_dir),
-    )
+    trainer = trl_async_grpo.build_trainer(args, worker)
     AttentionInterface.register("tree_fa3", sdpa_tree_attention)  # its FlashAttention-3 kernels need CUDA
 
     stop = threading.Event()
