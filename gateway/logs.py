@@ -15,3 +15,8 @@ def configure_logging(settings: Settings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Alembic says which revisions it runs, with each one's docstring, at info: the store's own line ("empty
+    # database: creating the schema (revision N)", "upgraded ...") says what matters; --log-level debug shows
+    # alembic's.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("alembic").setLevel(logging.WARNING)

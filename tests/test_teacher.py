@@ -66,7 +66,10 @@ def score(capsys):
             )
             return Result(done.returncode, done.stderr)
         capsys.readouterr()
-        code = main(argv)
+        try:
+            code = main(argv)
+        except SystemExit as usage:  # a usage error, as argparse ends one
+            code = int(usage.code or 0)
         return Result(code, capsys.readouterr().err)
 
     return run
@@ -221,9 +224,9 @@ def test_a_teacher_that_does_not_serve_the_model_is_refused(store, teacher_vllm,
 
     result = score(db_url, teacher_vllm.url, model="student")
 
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        f"trainer-client: {teacher_vllm.url} serves ['teacher'], not 'student'"
+        f"trainer-client score: error: {teacher_vllm.url} serves ['teacher'], not 'student'"
     )
 
 
@@ -232,11 +235,11 @@ def test_an_unreachable_teacher_is_a_one_line_error(store, score):
 
     result = score(db_url, "http://127.0.0.1:9")
 
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert (
         result.stderr.strip()
         .splitlines()[-1]
-        .startswith("trainer-client: http://127.0.0.1:9/v1/models: ConnectError")
+        .startswith("trainer-client score: error: http://127.0.0.1:9/v1/models: ConnectError")
     )
 
 
@@ -245,17 +248,21 @@ def test_a_store_without_rollouts_needs_the_policys_server_named(store, teacher_
 
     result = score(db_url, teacher_vllm.url)
 
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        "trainer-client: no rollout names its vLLM server: give the policy's server with --policy URL"
+        "trainer-client score: error: no rollout names its vLLM server: give the policy's server with "
+        "--policy URL"
     )
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--since", "yesterday"], "trainer-client: --since: 'yesterday' is neither ISO 8601 nor seconds"),
-        (["--batch-tokens", "0"], "trainer-client: --batch-tokens and --concurrency must be at least 1"),
+        (
+            ["--since", "yesterday"],
+            "trainer-client score: error: argument --since: 'yesterday' is neither ISO 8601 nor seconds",
+        ),
+        (["--batch-tokens", "0"], "trainer-client score: error: argument --batch-tokens: must be at least 1"),
     ],
 )
 def test_bad_score_arguments_are_one_line_errors(args, message, tmp_path: Path, score):

@@ -494,7 +494,7 @@ def test_export_hf_to_standard_output_is_a_one_line_error(store):
 
     assert (refused.returncode, refused.stderr.splitlines()) == (
         2,
-        ["trainer-client: --format hf writes a directory: give it with -o DIR"],
+        ["trainer-client export: error: --format hf writes a directory: give it with -o DIR"],
     )
 
 

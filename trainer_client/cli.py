@@ -520,7 +520,8 @@ def _tail(args: argparse.Namespace) -> int:
     require_current_schema(engine)
     query = text(
         "SELECT group_id, rollouts, reward_mean, reward_std, last_finished_at FROM group_stats "
-        "WHERE finished = rollouts AND last_finished_at > :since ORDER BY last_finished_at, group_id"
+        "WHERE finished = COALESCE(group_size, rollouts) AND rollouts >= COALESCE(group_size, rollouts) "
+        "AND last_finished_at > :since ORDER BY last_finished_at, group_id"
     )
     print(
         f"{'finished at':<20} {'group':<36} {'rollouts':>8} {'reward mean':>12} {'reward std':>11}",
