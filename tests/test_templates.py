@@ -428,7 +428,7 @@ def test_a_teacher_of_another_family_is_refused_at_the_first_token_id_it_reads_o
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 1
     assert re.fullmatch(
-        r"trainer-client score: error: the teacher's tokenizer differs from the policy's: token id \d+ is '.*' for the "
-        r"policy, '.*' for the teacher",
+        r"trainer-client score: error: the teacher's tokenizer differs from the policy's: token id \d+ is "
+        r"'.*' for the policy, '.*' for the teacher",
         message,
     ), message
