@@ -51,14 +51,16 @@ def query(db_url: str, sql: str) -> list[tuple[Any, ...]]:
         engine.dispose()
 
 
-def play_environment(gateway_url: str, run: str) -> tuple[int, str]:
+def play_environment(gateway_url: str, run: str, *options: str) -> tuple[int, str]:
     """examples/environment.py with its defaults (groups of 4, 2 rollouts at once) on TASKS, replies of 8
-    tokens: its exit code and what it printed."""
+    tokens, and `options`: its exit code and what it printed."""
     printed = io.StringIO()
     with redirect_stdout(printed):
         code = environment.main(
-            ["--gateway", gateway_url, "--model", "tiny", "--max-tokens", "8", "--run", run]
-            + [arg for task in TASKS for arg in ("--task", task)]
+            [
+                *("--gateway", gateway_url, "--model", "tiny", "--max-tokens", "8", "--run", run, *options),
+                *(arg for task in TASKS for arg in ("--task", task)),
+            ]
         )
     return code, printed.getvalue()
 
@@ -77,11 +79,11 @@ def test_the_agent_plays_two_turns_on_its_rollouts_base_url_sending_its_history_
     code = agent.main(["--base-url", created["base_url"], "--model", "tiny", "--max-tokens", "8"])
 
     first, second = stored_rollout(gateway, created["rollout_id"])["turns"]
-    assert (code, capsys.readouterr().out) == (0, second["content"] + "\n")
+    assert (code, capsys.readouterr().out) == (0, (second["content"] or "") + "\n")
     assert (first["parent_turn"], second["parent_turn"]) == (None, 0)
     assert second["messages"] == [
         {"role": "user", "content": "Name three prime numbers."},
-        {"role": "assistant", "content": first["content"]},
+        {"role": "assistant", "content": first["content"] or ""},  # a reply without text: sent back as ""
         {"role": "user", "content": agent.FOLLOW_UP},
     ]
 
@@ -126,7 +128,9 @@ def test_the_environment_plays_each_task_as_a_group_of_four_finished_with_the_re
             ("ok", None, "render"),
             ("ok", 0, "exact"),
         ]
-        assert rollout["reward"] == environment.reward(task, turns[1]["content"])
+        assert rollout["reward"] == environment.reward(
+            task, turns[1]["content"] or ""
+        )  # as the agent reads it
         stored[rollout["group_id"]].append(f"{rollout['reward']:.4f}")
     assert printed == {group: sorted(rewards) for group, rewards in stored.items()}
     assert [len(rewards) for rewards in stored.values()] == [4, 4]
@@ -219,17 +223,19 @@ def test_the_skyrl_example_claims_both_groups_whole_as_one_row_per_rollout_with_
 def test_the_trainer_loop_trains_a_group_a_step_and_vllm_takes_each_steps_weights(
     policy_vllm, start_gateway, databases, capsys
 ):
+    """On a gateway with a control token (the admin token too) and a key for each rollout's agent."""
     trainer_loop = example("trainer_loop")
     db_url = databases.new("sqlite")
-    gateway = start_gateway(db_url, backends=[policy_vllm.url])
+    gateway = start_gateway(db_url, "--control-token", "ct", "--rollout-keys", backends=[policy_vllm.url])
     run = uuid.uuid4().hex[:8]
-    assert play_environment(gateway.url, run)[0] == 0
+    assert play_environment(gateway.url, run, "--control-token", "ct")[0] == 0
     weights = policy_vllm.model_dir / "model.safetensors"
     before = weights.read_bytes()
 
     code = trainer_loop.main(
         [
-            *("--db", db_url, "--gateway", gateway.url, "--model-dir", str(policy_vllm.model_dir)),
+            *("--db", db_url, "--gateway", gateway.url, "--admin-token", "ct"),
+            *("--model-dir", str(policy_vllm.model_dir)),
             *("--steps", "2", "--groups-per-step", "1"),
         ]
     )
@@ -246,5 +252,5 @@ def test_the_trainer_loop_trains_a_group_a_step_and_vllm_takes_each_steps_weight
         f"step {step}: 1 groups, 4 rollouts, reward {claims[step][5]:.4f}" for step in (0, 1)
     ]
     assert [line.rpartition(" -> ")[2] for line in lines] == ["policy version 1", "policy version 2"]
-    health = httpx.get(f"{gateway.url}/healthz", timeout=TIMEOUT).json()
+    health = httpx.get(f"{gateway.url}/healthz", timeout=TIMEOUT).json()  # open, without a token
     assert (health["policy_version"], weights.read_bytes() != before) == ("2", True)
