@@ -13,8 +13,8 @@ keeps trainers from taking them as a group of their own (the gateway serves the 
 have finished).
 
 With a gateway started with --control-token, give it as `--control-token` (or $GATEWAY_CONTROL_TOKEN). Each
-run names its groups `<run>-<task number>` (`--run`, a fresh id by default): a group's members are all
-created by one run, and a group cannot grow past its size.
+run names its groups `<run>-<task number>` (`--run`, a fresh id by default): a group that has all its members
+takes no more (409), so each run plays groups of its own.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--task",
         action="append",
-        help="a task (one group each); repeat for more (default: three built-in tasks)",
+        help="a task, at most 256 characters (its rollouts' task_id): one group each; repeat for more "
+        "(default: three built-in tasks)",
     )
     parser.add_argument("--group-size", type=int, default=4, help="members a group (default: %(default)s)")
     parser.add_argument(

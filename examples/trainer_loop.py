@@ -47,6 +47,7 @@ def train_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: 
     """One optimizer step on the batch; the ratio is taken against the engine's sampling logprobs."""
     t = batch.padded(pad_id=0)  # position i holds token i's values
     logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits[:, :-1].float()
+    # the policy's logprob of each token given those before it: token i + 1's at column i
     logprobs = torch.log_softmax(logits, -1).gather(-1, t["input_ids"][:, 1:, None]).squeeze(-1)
     loss, stats = grpo_loss(logprobs, t["old_logprobs"][:, 1:], t["advantages"][:, 1:], t["loss_mask"][:, 1:])
     optimizer.zero_grad()
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
     admin = GatewayAdmin(args.gateway, args.admin_token)
-    version = int(admin.state()["policy_version"])  # the version the gateway stamps on new turns
+    version = int(admin.state()["policy_version"])  # stamped on new turns: --policy-version, 0 by default
     with TrainerClient(args.db) as client:
         for step in range(args.steps):
             batch = claim(client, args, step, version)
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             client.commit(args.trainer_id, step)
             metrics = batch.metrics()
             print(
-                f"step {step}: {metrics['groups']:.0f} groups, {metrics['rollouts']:.0f} rollouts, "
+                f"step {step}: groups {metrics['groups']:.0f}, rollouts {metrics['rollouts']:.0f}, "
                 f"reward {metrics['reward_mean']:.4f}, loss {stats['loss']:+.4f}, "
                 f"kl {stats['approx_kl']:.5f} -> policy version {version}",
                 flush=True,

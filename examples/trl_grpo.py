@@ -8,9 +8,9 @@ vLLM takes each step's weights through the gateway's admin API.
 `--model-dir` is the directory vLLM serves: TRL loads the policy from it, and `GatewayWeightSync` writes each
 step's weights there and has every vLLM behind the gateway reload them (vLLM needs VLLM_SERVER_DEV_MODE=1).
 The task is the toy task of `scripts/dev demo --train` (`trainer_client.reference.toy_task`: write replies
-rich in the letter e), which a tiny model learns on a CPU within a few steps; put your own prompts and reward
-in `agent`. Needs the `trl` extra (`pip install 'rl-gateway[trl]'`). `--cpu` trains on the CPU (the tiny
-model of the tests).
+rich in the letter e), which the tiny model of the tests learns on a CPU within a few steps, given
+`--cpu --learning-rate 1e-2 --max-tokens 16`; put your prompts in the dataset and your agent and its reward
+in `make_agent`. Needs the `trl` extra (`pip install 'rl-gateway[trl]'`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,9 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]  # trl exports them lazily
 
 from trainer_client.reference.toy_task import TargetCharactersTask
-from trainer_client.trl import GatewayRollouts, GatewayWeightSync, Rollout
+from trainer_client.trl import Agent, GatewayRollouts, GatewayWeightSync, Rollout
 
 TASK = TargetCharactersTask()
-Agent = Callable[[Any, Rollout], Awaitable[float]]
 
 
 def make_agent(model: str, max_tokens: int) -> Agent:
@@ -116,11 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--group-size", type=int, default=8, help="rollouts a prompt: num_generations (default: %(default)s)"
     )
     parser.add_argument(
-        "--max-tokens", type=int, default=16, help="tokens a reply may take (default: %(default)s)"
+        "--max-tokens", type=int, default=256, help="tokens a reply may take (default: %(default)s)"
     )
-    parser.add_argument(
-        "--learning-rate", type=float, default=1e-2, help="(default: %(default)s, the tiny model's)"
-    )
+    parser.add_argument("--learning-rate", type=float, default=1e-6, help="(default: %(default)s)")
     parser.add_argument(
         "--output-dir",
         type=Path,

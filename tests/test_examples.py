@@ -249,7 +249,7 @@ def test_the_trainer_loop_trains_a_group_a_step_and_vllm_takes_each_steps_weight
     assert [claim[:5] for claim in claims] == [(0, f"{run}-0", 4, 0, 0), (1, f"{run}-1", 4, 0, 0)]
     lines = capsys.readouterr().out.splitlines()
     assert [line.partition(", loss")[0] for line in lines] == [
-        f"step {step}: 1 groups, 4 rollouts, reward {claims[step][5]:.4f}" for step in (0, 1)
+        f"step {step}: groups 1, rollouts 4, reward {claims[step][5]:.4f}" for step in (0, 1)
     ]
     assert [line.rpartition(" -> ")[2] for line in lines] == ["policy version 1", "policy version 2"]
     health = httpx.get(f"{gateway.url}/healthz", timeout=TIMEOUT).json()  # open, without a token

@@ -75,7 +75,8 @@ def test_trl_grpo_trainer_trains_on_the_ids_vllm_sampled_and_its_reward_rises(po
     args = trl_grpo.build_parser().parse_args(
         [
             *trl_args(gateway.url, db_url, policy_dir, work_dir / "trl-out"),
-            *("--model", "tiny", "--prompts-per-step", str(GROUPS), "--group-size", str(GROUP_SIZE)),
+            *("--model", "tiny", "--max-tokens", "16"),
+            *("--prompts-per-step", str(GROUPS), "--group-size", str(GROUP_SIZE)),
         ]
     )
     played: list[Rollout] = []
