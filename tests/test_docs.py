@@ -14,6 +14,7 @@ import argparse
 import builtins
 import contextlib
 import functools
+import importlib
 import importlib.util
 import io
 import json
@@ -44,9 +45,9 @@ REFERENCE_SCRIPT = ROOT / "scripts" / "docs_reference.py"
 GENERATED = ["docs/reference/cli.md", "docs/reference/configuration.md"]
 LANGUAGES = ("text", "sql", "sh", "python", "yaml", "json")
 SH_SHAPES = (
-    "gateway ..., trainer-client ..., pip install ..., scripts/dev TASK, vllm serve ..., "
-    "python -m vllm.entrypoints.openai.api_server ..., python examples/FILE.py ..., curl ..., "
-    "export NAME=value, python -m testbed.tiny_model DIR"
+    "gateway ..., trainer-client ..., pip install ..., pip uninstall -y ..., scripts/dev TASK, "
+    "vllm serve ..., python -m vllm.entrypoints.openai.api_server ..., python examples/FILE.py ..., "
+    "curl ..., export NAME=value, python -m testbed.tiny_model DIR, python -m testbed.vllm_server DIR"
 )
 CODE = ("gateway", "trainer_client", "training_data", "testbed", "tests", "bench", "scripts", "examples")
 UNMARKED = "mark the block <!-- not run: <reason> --> if it is not meant to run as it stands"
@@ -227,6 +228,8 @@ def command_problem(argv: list[str]) -> str | None:
             return parse_problem(trainer_client_parser(), args)
         case ["pip", "install", *args]:
             return pip_problem(args)
+        case ["pip", "uninstall", "-y", *packages] if packages:
+            return None
         case ["scripts/dev", task, *_] if task in dev_tasks():
             return None
         case ["scripts/dev", *rest]:
@@ -246,8 +249,8 @@ def command_problem(argv: list[str]) -> str | None:
             return curl_problem(args)
         case ["export", *assignments] if assignments:
             return export_problem(assignments)
-        case ["python", "-m", "testbed.tiny_model", _directory]:
-            return None
+        case ["python", "-m", "testbed.tiny_model" | "testbed.vllm_server" as module, *args]:
+            return parse_problem(importlib.import_module(module).build_parser(), args)
     return f"not one of the checked shapes ({SH_SHAPES}); {UNMARKED}"
 
 
