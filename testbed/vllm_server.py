@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--context", type=int, default=CONTEXT, help="positions (%(default)s)")
     parser.add_argument("--host", default="127.0.0.1", help="(%(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="(%(default)s)")
+    parser.add_argument(
+        "--served-model-name", default="tiny", help="the model name agents ask for (%(default)s)"
+    )
     parser.add_argument("--api-key", help="vLLM's --api-key (give the gateway the same as --backend-api-key)")
     return parser
 
@@ -185,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         log_path=model / "vllm.log",
         host=args.host,
         port=args.port,
+        served_model_name=args.served_model_name,
         api_key=args.api_key,
         family=FAMILIES[args.family],
         max_model_len=args.context,
