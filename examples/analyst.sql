@@ -17,8 +17,9 @@ SELECT model, turns, extending_turns, drifted_turns, drift_rate, forked_turns
 FROM drift_by_model
 ORDER BY model;
 
--- Groups waiting for members still running (a trainer takes a group once none runs), the oldest first.
-SELECT group_id, rollouts, finished, rollouts - finished AS running, first_created_at
+-- Groups waiting, the oldest first: members still running, or fewer members finished than the group declared
+-- (group_size). A trainer takes a group once it has neither (or at its group_timeout, with what finished).
+SELECT group_id, group_size, rollouts AS created, finished, first_created_at
 FROM group_stats
-WHERE finished < rollouts
+WHERE finished < rollouts OR finished < group_size
 ORDER BY first_created_at, group_id;

@@ -143,9 +143,12 @@ def test_the_environment_runs_two_rollouts_at_once_and_never_more(played):
 
 
 def test_the_analyst_queries_answer_rewards_per_version_drift_per_model_and_groups_waiting(played):
-    waiting = httpx.post(
-        f"{played.gateway.url}/rollouts", json={"group_id": "waiting", "group_size": 4}, timeout=TIMEOUT
-    ).json()
+    running, short = (
+        httpx.post(f"{played.gateway.url}/rollouts", json=body, timeout=TIMEOUT).json()["rollout_id"]
+        for body in ({"group_id": "running"}, {"group_id": "short", "group_size": 2})
+    )
+    finished = httpx.post(f"{played.gateway.url}/rollouts/{short}/finish", json={}, timeout=TIMEOUT)
+    assert finished.status_code == 200, finished.text
     statements = [s for s in (EXAMPLES / "analyst.sql").read_text().split(";") if s.strip()]
 
     engine = make_engine(played.db_url)
@@ -157,8 +160,8 @@ def test_the_analyst_queries_answer_rewards_per_version_drift_per_model_and_grou
     assert rewards == [("0", 8, pytest.approx(statistics.mean(stored)), min(stored), max(stored))]
     drifted = [t["drift_tokens"] for r in played.rollouts for t in r["turns"] if t["drift_tokens"]]
     assert drift == [("tiny", 16, 8, len(drifted), pytest.approx(len(drifted) / 8), 0)]
-    created_at = stored_rollout(played.gateway, waiting["rollout_id"])["created_at"]
-    assert groups == [("waiting", 1, 0, 1, created_at)]
+    created_at = [stored_rollout(played.gateway, rollout_id)["created_at"] for rollout_id in (running, short)]
+    assert groups == [("running", None, 1, 0, created_at[0]), ("short", 2, 1, 1, created_at[1])]
 
 
 def merged_row(turns: list[dict[str, Any]]) -> tuple[Any, ...]:
