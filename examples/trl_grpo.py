@@ -16,6 +16,7 @@ in `make_agent`. Needs the `trl` extra (`pip install 'rl-gateway[trl]'`).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -32,16 +33,22 @@ from trainer_client.trl import Agent, GatewayRollouts, GatewayWeightSync, Rollou
 TASK = TargetCharactersTask()
 
 
-def make_agent(model: str, max_tokens: int) -> Agent:
-    """The agent of one rollout: any harness works, given OPENAI_BASE_URL=rollout.base_url."""
+def make_agent(model: str, max_tokens: int, sampling_seed: int | None = None) -> Agent:
+    """The agent of one rollout: any harness works, given OPENAI_BASE_URL=rollout.base_url.
+
+    With `sampling_seed`, the n-th call samples with seed `sampling_seed * 1_000_003 + n`: a run that starts
+    from the same weights samples the same replies (the agents start in the order TRL hands the prompts)."""
+    seeds = itertools.count(sampling_seed * 1_000_003) if sampling_seed is not None else None
 
     async def agent(prompt: str, rollout: Rollout) -> float:
+        seed = {} if seeds is None else {"seed": next(seeds)}
         async with openai.AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.api_key) as client:
             reply = await client.chat.completions.create(
                 model=model,
                 messages=[{"role": "user", "content": prompt}],
                 max_tokens=max_tokens,
                 temperature=1.0,  # the trainer's: vLLM's logprobs are of this distribution
+                **seed,
             )
         return TASK.score([[reply.choices[0].message.content or ""]])[0]
 
@@ -124,13 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="TRL's output directory (default: %(default)s)",
     )
     parser.add_argument("--cpu", action="store_true", help="train on the CPU, in float32")
-    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="TRL's seed (default: %(default)s)")
+    parser.add_argument(
+        "--sampling-seed",
+        type=int,
+        help="seed every agent call's sampling from this, for a run that repeats (default: unseeded)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    trainer, rollouts, _ = build_trainer(args, make_agent(args.model, args.max_tokens))
+    trainer, rollouts, _ = build_trainer(args, make_agent(args.model, args.max_tokens, args.sampling_seed))
     try:
         trainer.train()
     finally:

@@ -80,7 +80,7 @@ def test_trl_grpo_trainer_trains_on_the_ids_vllm_sampled_and_its_reward_rises(po
         ]
     )
     played: list[Rollout] = []
-    play = trl_grpo.make_agent(args.model, args.max_tokens)
+    play = trl_grpo.make_agent(args.model, args.max_tokens, sampling_seed=0)  # a run that repeats
 
     async def agent(prompt: str, rollout: Rollout) -> float:
         played.append(rollout)
