@@ -41,14 +41,14 @@ def make_agent(model: str, max_tokens: int, sampling_seed: int | None = None) ->
     seeds = itertools.count(sampling_seed * 1_000_003) if sampling_seed is not None else None
 
     async def agent(prompt: str, rollout: Rollout) -> float:
-        seed = {} if seeds is None else {"seed": next(seeds)}
+        seed = None if seeds is None else next(seeds)  # null: vLLM samples unseeded
         async with openai.AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.api_key) as client:
             reply = await client.chat.completions.create(
                 model=model,
                 messages=[{"role": "user", "content": prompt}],
                 max_tokens=max_tokens,
                 temperature=1.0,  # the trainer's: vLLM's logprobs are of this distribution
-                **seed,
+                seed=seed,
             )
         return TASK.score([[reply.choices[0].message.content or ""]])[0]
 
