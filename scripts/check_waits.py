@@ -1,7 +1,7 @@
 """List the places in tests/ that can race the clock (run by `scripts/dev check`; exits 1 if there are any).
 
 - A sleep (`time.sleep`, `asyncio.sleep`, `anyio.sleep`) anywhere but in the poll of the suite's waits
-  (`wait_for` and `until` in tests/support.py): a test waits for a condition, not for a time.
+  (`wait_for` and `until` in tests/support/__init__.py): a test waits for a condition, not for a time.
 - A client made or called without an explicit timeout (httpx's functions and clients, the `openai` and
   `anthropic` SDKs' clients): their defaults give a connection 5 s, which a loaded machine has exceeded.
   A client on an in-process transport (`transport=`, `http_client=`) opens no connection and needs none.
@@ -24,7 +24,7 @@ CLIENTS = {
     ("anthropic", "Anthropic"),
     ("anthropic", "AsyncAnthropic"),
 }
-WAITS = {("support.py", "wait_for"), ("support.py", "until")}
+WAITS = {("support/__init__.py", "wait_for"), ("support/__init__.py", "until")}
 """The functions whose poll may sleep."""
 
 
@@ -35,11 +35,12 @@ def dotted(call: ast.Call) -> tuple[str, str] | None:
     return None
 
 
-def findings(path: Path) -> Iterator[tuple[int, str]]:
+def findings(path: Path, place: str) -> Iterator[tuple[int, str]]:
+    """`place`: the file's path under tests/."""
     tree = ast.parse(path.read_text(), str(path))
     allowed: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (path.name, node.name) in WAITS:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (place, node.name) in WAITS:
             allowed |= {id(inner) for inner in ast.walk(node)}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or (name := dotted(node)) is None:
@@ -56,7 +57,7 @@ def main() -> int:
     found = [
         f"{path.relative_to(root)}:{line}: {message}"
         for path in sorted((root / "tests").rglob("*.py"))
-        for line, message in findings(path)
+        for line, message in findings(path, path.relative_to(root / "tests").as_posix())
     ]
     if not found:
         print("no sleep outside a wait, no client without a timeout")

@@ -7,7 +7,7 @@ them. Help is formatted at a fixed width, so the pages do not depend on the term
     python scripts/docs_reference.py          write the pages
     python scripts/docs_reference.py --check  exit 1, saying so in one line, when the pages are out of date
 
-tests/test_docs.py fails when the committed pages differ from what this script writes.
+tests/unit/test_docs.py fails when the committed pages differ from what this script writes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each engine configuration starts once per session and serves every module that needs it: `vllm` (the tiny
 model, 65,536 positions), `trainable_vllm` (a copy training overwrites, reset for each test by
 `policy_vllm`), `teacher_vllm`, `tied_vllm`, the fleet's two and one per template family. Each starts in the
-background ahead of the first test that needs it and stops after the last (`tests/engines.py`).
+background ahead of the first test that needs it and stops after the last (`tests/support/engines.py`).
 A test resets what it needs through the product's own API (fresh rollouts, fresh databases, weight reloads).
 Every gateway test runs twice, against SQLite and against the local PostgreSQL (a fresh schema per run).
 """
@@ -31,9 +31,9 @@ from testbed.launcher import GatewayProcess
 from testbed.process import free_port
 from testbed.vllm_server import VLLMServer
 
-from engines import SessionEngines, wanted
-from gateways import GatewayThread
 from support import TIMEOUT, VLLM_KEY
+from support.engines import SessionEngines, wanted
+from support.gateways import GatewayThread
 
 BACKEND_KEY_ARGS = ("--backend-api-key", VLLM_KEY)
 POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -118,7 +118,7 @@ def work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def engines(work_dir: Path, request: pytest.FixtureRequest) -> Iterator[SessionEngines]:
     """The session's engines, the first started in the background as the session begins, while the tests
-    that need none run (`tests/engines.py`)."""
+    that need none run (`tests/support/engines.py`)."""
     engines = SessionEngines(work_dir, [engines_of(item) for item in request.session.items])
     engines.advance(0)
     request.session.stash[ENGINES] = engines

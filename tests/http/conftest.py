@@ -12,13 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-from fake_engine import URL, FakeEngine
-from raw_http import Serve, raw_servers
 
 from gateway.app import create_app
 from gateway.settings import Settings
 from gateway.store.database import ensure_schema
 from gateway.store.store import Store
+
+from support.fake_engine import URL, FakeEngine
+from support.raw_http import Serve, raw_servers
 
 
 @dataclass

@@ -6,7 +6,8 @@ import logging
 import re
 
 import pytest
-from fake_engine import chat_reply
+
+from support.fake_engine import chat_reply
 
 pytestmark = pytest.mark.anyio
 

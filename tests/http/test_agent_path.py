@@ -6,12 +6,13 @@ import gc
 import shutil
 
 import pytest
-from fake_engine import URL, FakeEngine, FakeReply, chat_reply, chat_stream, error_reply
 
 from gateway.app import create_app
 from gateway.fleet.replies import BackendFailure
 from gateway.settings import Settings
 from gateway.store.store import Store
+
+from support.fake_engine import URL, FakeEngine, FakeReply, chat_reply, chat_stream, error_reply
 
 pytestmark = pytest.mark.anyio
 

@@ -14,11 +14,12 @@ import struct
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
-from raw_http import ANSWER, Counted, Handler, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
 
 from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure
 from testbed.process import free_port
+
+from support.raw_http import ANSWER, Counted, Handler, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
 
 pytestmark = pytest.mark.anyio
 

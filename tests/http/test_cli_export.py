@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_engine import chat_reply
 
 from trainer_client.cli import main as trainer_client
+
+from support.fake_engine import chat_reply
 
 pytestmark = pytest.mark.anyio
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fake_engine import FakeReply, json_reply
+
+from support.fake_engine import FakeReply, json_reply
 
 pytestmark = pytest.mark.anyio
 

@@ -10,13 +10,13 @@ import asyncio
 import contextlib
 
 import pytest
-from raw_http import ANSWER, Counted, Serve, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
 
 from gateway.fleet.http1 import Connection, Http1Client, ReplyTimeout
 from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure, BackendReply, BackendStreamError
 
 from support import until
+from support.raw_http import ANSWER, Counted, Serve, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
 
 pytestmark = pytest.mark.anyio
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from fake_engine import chat_completion, chat_reply, chat_stream, json_reply
 
 from gateway.turns.exact import RENDER
+
+from support.fake_engine import chat_completion, chat_reply, chat_stream, json_reply
 
 pytestmark = pytest.mark.anyio
 

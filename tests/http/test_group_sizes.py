@@ -9,10 +9,11 @@ import json
 import math
 
 import pytest
-from fake_engine import chat_reply
 
 from trainer_client import SampleOptions, TrainerClient
 from trainer_client.cli import main as trainer_client_cli
+
+from support.fake_engine import chat_reply
 
 pytestmark = pytest.mark.anyio
 

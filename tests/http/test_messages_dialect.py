@@ -9,9 +9,9 @@ import anthropic
 import httpx2
 import orjson
 import pytest
-from fake_engine import chat_reply, chat_stream, json_reply
 
 from support import assert_openai_error
+from support.fake_engine import chat_reply, chat_stream, json_reply
 
 pytestmark = pytest.mark.anyio
 

@@ -11,9 +11,9 @@ import httpx2
 import openai
 import orjson
 import pytest
-from fake_engine import FakeReply, chat_reply, chat_stream, error_reply
 
 from support import assert_openai_error
+from support.fake_engine import FakeReply, chat_reply, chat_stream, error_reply
 
 pytestmark = pytest.mark.anyio
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fake_engine import chat_reply
 
 from gateway.settings import Settings
 
 from support import assert_openai_error
+from support.fake_engine import chat_reply
 
 pytestmark = pytest.mark.anyio
 

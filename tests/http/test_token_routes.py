@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import pytest
-from fake_engine import chat_reply, chat_stream, error_reply, json_reply
 
 from support import assert_openai_error
+from support.fake_engine import chat_reply, chat_stream, error_reply, json_reply
 
 pytestmark = pytest.mark.anyio
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from fake_engine import FakeReply, chat_reply, json_reply
 
 from trainer_client import SampleOptions, TrainerClient
+
+from support.fake_engine import FakeReply, chat_reply, json_reply
 
 pytestmark = pytest.mark.anyio
 HI = [{"role": "user", "content": "hi"}]

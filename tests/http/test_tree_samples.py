@@ -11,11 +11,12 @@ from typing import Any
 import orjson
 import pytest
 import sqlalchemy as sa
-from fake_engine import chat_reply
 
 from gateway.store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
 from trainer_client.cli import main as trainer_cli
+
+from support.fake_engine import chat_reply
 
 pytestmark = pytest.mark.anyio
 

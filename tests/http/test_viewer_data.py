@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from fake_engine import chat_reply
 
 from gateway.fleet.replies import BackendFailure
+
+from support.fake_engine import chat_reply
 
 pytestmark = pytest.mark.anyio
 SVG_NAMESPACE = "http://www.w3.org/2000/svg"

@@ -9,54 +9,19 @@ import torch
 
 from trainer_client.batch import Batch
 from training_data.groups import RolloutInfo, Selection
-from training_data.samples import StepSample, merge_steps
+from training_data.samples import merge_steps
 
-
-def step(
-    rollout_id: str,
-    prompt: list[int],
-    completion: list[int],
-    logprobs: list[float],
-    *,
-    advantage: float = 0.0,
-    reward: float = 0.0,
-    turn_index: int = 0,
-    parent_turn: int | None = None,
-    masked: bool = False,
-    choice_reward: bool = False,
-) -> StepSample:
-    return StepSample(
-        rollout_id=rollout_id,
-        group_id="g",
-        step=turn_index,
-        turn_index=turn_index,
-        is_last_step=True,
-        prompt_ids=np.array(prompt, dtype=np.int32),
-        completion_ids=np.array(completion, dtype=np.int32),
-        logprobs=np.array(logprobs, dtype=np.float32),
-        reward=reward,
-        reward_components=None,
-        advantage=advantage,
-        policy_version="0",
-        finish_reason="stop",
-        masked=masked,
-        parent_turn=parent_turn,
-        choice_reward=choice_reward,
-    )
+from support.samples import f32, last_step
 
 
 def two_samples() -> Batch:
     """A 5-token sample (3 prompt + 2 completion) and a 3-token one (1 prompt + 2 completion)."""
     return Batch(
         [
-            step("r1", [1, 2, 3], [10, 11], [-0.5, -0.25], advantage=1.5, reward=1.0),
-            step("r2", [4], [12, 13], [-1.0, -2.0], advantage=-0.5, reward=0.0),
+            last_step("r1", [1, 2, 3], [10, 11], [-0.5, -0.25], advantage=1.5, reward=1.0),
+            last_step("r2", [4], [12, 13], [-1.0, -2.0], advantage=-0.5, reward=0.0),
         ]
     )
-
-
-def f32(rows: list[list[float]]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.float32)
 
 
 def i64(rows: list[list[int]]) -> torch.Tensor:
@@ -127,7 +92,7 @@ def test_padded_pad_id_does_not_change_other_tensors() -> None:
 
 
 def test_padded_masked_sample_has_no_loss_and_no_advantage_but_keeps_old_logprobs() -> None:
-    batch = Batch([step("r", [1], [10, 11], [-0.5, -0.25], advantage=2.0, masked=True)])
+    batch = Batch([last_step("r", [1], [10, 11], [-0.5, -0.25], advantage=2.0, masked=True)])
     tensors = batch.padded()
     assert torch.equal(tensors["loss_mask"], f32([[0, 0, 0]]))
     assert torch.equal(tensors["advantages"], f32([[0, 0, 0]]))
@@ -137,8 +102,8 @@ def test_padded_masked_sample_has_no_loss_and_no_advantage_but_keeps_old_logprob
 
 def test_padded_merged_sample_masks_environment_tokens_between_completions() -> None:
     steps = [
-        step("r", [1, 2], [10], [-0.5], advantage=0.25),
-        step("r", [1, 2, 10, 20], [11, 12], [-0.25, -1.0], advantage=0.25, turn_index=1, parent_turn=0),
+        last_step("r", [1, 2], [10], [-0.5], advantage=0.25),
+        last_step("r", [1, 2, 10, 20], [11, 12], [-0.25, -1.0], advantage=0.25, turn_index=1, parent_turn=0),
     ]
     tensors = Batch(list(merge_steps(steps))).padded()
     assert torch.equal(tensors["input_ids"], i64([[1, 2, 10, 20, 11, 12]]))
@@ -213,14 +178,14 @@ def test_packed_row_is_the_padded_rows_without_their_padding() -> None:
 
 
 def test_packed_and_padded_round_advantages_to_the_same_float32() -> None:
-    batch = Batch([step("r", [1], [10, 11], [-0.5, -0.25], advantage=1 / 3)])
+    batch = Batch([last_step("r", [1], [10, 11], [-0.5, -0.25], advantage=1 / 3)])
     third = float(np.float32(1 / 3))
     assert torch.equal(batch.padded()["advantages"], f32([[0, third, third]]))
     assert torch.equal(batch.packed()["advantages"], f32([[0, third, third]]))
 
 
 def test_packed_single_sample_has_cu_seqlens_zero_and_length() -> None:
-    tensors = Batch([step("r", [1, 2], [3], [-0.5])]).packed()
+    tensors = Batch([last_step("r", [1, 2], [3], [-0.5])]).packed()
     assert torch.equal(tensors["cu_seqlens"], torch.tensor([0, 3], dtype=torch.int32))
     assert torch.equal(tensors["position_ids"], i64([[0, 1, 2]]))
 
@@ -245,9 +210,9 @@ def test_packed_empty_batch_is_one_empty_row_and_cu_seqlens_zero() -> None:
 def test_batch_len_counts_samples_and_rollout_ids_are_unique_in_first_seen_order() -> None:
     batch = Batch(
         [
-            step("b", [1], [2], [-0.5]),
-            step("a", [1], [2], [-0.5]),
-            step("b", [1, 2, 5], [3], [-0.5], turn_index=1, parent_turn=0),
+            last_step("b", [1], [2], [-0.5]),
+            last_step("a", [1], [2], [-0.5]),
+            last_step("b", [1, 2, 5], [3], [-0.5], turn_index=1, parent_turn=0),
         ]
     )
     assert len(batch) == 3
@@ -257,9 +222,9 @@ def test_batch_len_counts_samples_and_rollout_ids_are_unique_in_first_seen_order
 def test_metrics_count_each_rollout_once_for_rewards_and_every_sample_for_tokens() -> None:
     batch = Batch(
         [
-            step("r1", [1, 2, 3], [10, 11], [-0.5, -0.25], reward=1.0),
-            step("r1", [1, 2, 3, 10, 11, 20], [12], [-1.0], reward=1.0, turn_index=1, parent_turn=0),
-            step("r2", [4], [12, 13], [-1.0, -2.0], reward=0.0),
+            last_step("r1", [1, 2, 3], [10, 11], [-0.5, -0.25], reward=1.0),
+            last_step("r1", [1, 2, 3, 10, 11, 20], [12], [-1.0], reward=1.0, turn_index=1, parent_turn=0),
+            last_step("r2", [4], [12, 13], [-1.0, -2.0], reward=0.0),
         ],
         counts={"groups": 1, "skipped_stale": 2},
     )
@@ -279,10 +244,10 @@ def test_metrics_count_each_rollout_once_for_rewards_and_every_sample_for_tokens
 def test_metrics_count_each_choice_rewarded_on_its_own_as_a_trajectory() -> None:
     batch = Batch(
         [
-            step("r1", [1], [10], [-0.5], reward=1.0, turn_index=0, choice_reward=True),
-            step("r1", [1], [11], [-0.5], reward=0.0, turn_index=1, choice_reward=True),
-            step("r1", [1, 11, 5], [12], [-0.5], reward=0.5, turn_index=2, parent_turn=1),
-            step("r2", [1], [13], [-0.5], reward=0.5),
+            last_step("r1", [1], [10], [-0.5], reward=1.0, turn_index=0, choice_reward=True),
+            last_step("r1", [1], [11], [-0.5], reward=0.0, turn_index=1, choice_reward=True),
+            last_step("r1", [1, 11, 5], [12], [-0.5], reward=0.5, turn_index=2, parent_turn=1),
+            last_step("r2", [1], [13], [-0.5], reward=0.5),
         ]
     )
     metrics = batch.metrics()
@@ -294,7 +259,9 @@ def test_metrics_count_each_choice_rewarded_on_its_own_as_a_trajectory() -> None
 
 
 def test_metrics_loss_tokens_leave_out_masked_samples() -> None:
-    batch = Batch([step("r1", [1], [10, 11], [-0.5, -0.25]), step("r2", [1], [12], [-0.5], masked=True)])
+    batch = Batch(
+        [last_step("r1", [1], [10, 11], [-0.5, -0.25]), last_step("r2", [1], [12], [-0.5], masked=True)]
+    )
     assert (batch.metrics()["tokens"], batch.metrics()["loss_tokens"]) == (5.0, 2.0)
 
 
@@ -314,7 +281,7 @@ def test_metrics_count_the_rollouts_with_samples_and_the_served_ones_apart() -> 
     # Two rollouts served, one of them without a sample (its only call sampled nothing).
     served = [RolloutInfo("r1", "g", "completed", 1.0, None), RolloutInfo("r2", "g", "completed", 0.0, None)]
     selection = Selection(served={"g": served})
-    batch = Batch([step("r1", [1], [2], [-0.5])], counts=selection.counts())
+    batch = Batch([last_step("r1", [1], [2], [-0.5])], counts=selection.counts())
     metrics = batch.metrics()
     assert (metrics["rollouts"], metrics["served_rollouts"]) == (1.0, 2.0)
     assert metrics["samples_per_rollout"] == 1.0

@@ -17,6 +17,8 @@ from trainer_client import Batch, grpo_loss, shard_batch
 from trainer_client.distributed import loss_tokens, sample_tokens, split_claim
 from training_data.samples import StepSample, merge_steps
 
+from support.samples import step
+
 
 def sample(
     rollout_id: str,
@@ -29,21 +31,16 @@ def sample(
     masked: bool = False,
 ) -> StepSample:
     """A step of `tokens` tokens in all, the last `completion` of them sampled."""
-    prompt = tokens - completion
-    return StepSample(
+    return step(
+        turn_index,
+        [i % 50 for i in range(tokens - completion)],
+        [(i * 7 + turn_index) % 50 for i in range(completion)],
+        [-3.9 + 0.05 * (turn_index % 3)] * completion,  # near 1 / 50
         rollout_id=rollout_id,
         group_id=group_id,
-        step=turn_index,
-        turn_index=turn_index,
-        is_last_step=True,
-        prompt_ids=np.arange(prompt, dtype=np.int32) % 50,
-        completion_ids=(np.arange(completion, dtype=np.int32) * 7 + turn_index) % 50,
-        logprobs=np.full(completion, -3.9 + 0.05 * (turn_index % 3), dtype=np.float32),  # near 1 / 50
         reward=advantage,
-        reward_components=None,
         advantage=advantage,
-        policy_version="0",
-        finish_reason="stop",
+        is_last_step=True,
         masked=masked,
     )
 

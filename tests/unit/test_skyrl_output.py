@@ -4,10 +4,10 @@ turn ends the trajectory."""
 
 from __future__ import annotations
 
-from test_samples import chain, step, sub_agents_and_compaction
-
 from trainer_client.skyrl import generator_output
 from training_data.samples import merge_steps
+
+from support.samples import chain, step, sub_agents_and_compaction
 
 
 def test_a_merged_trajectory_is_one_row_with_the_environments_tokens_out_of_the_loss():

@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_batch_layouts import f32, step
 
 from trainer_client.batch import Batch
 from trainer_client.loss import distillation_advantages, teacher_kl
 from trainer_client.scoring import ScoreReport, _requests, chains
 from training_data.samples import merge_steps
 from training_data.teacher_scores import TurnToScore
+
+from support.samples import f32, last_step
 
 
 def scored(sample, teacher: list[float]):
@@ -23,8 +24,8 @@ def scored(sample, teacher: list[float]):
 def two_scored_samples() -> Batch:
     return Batch(
         [
-            scored(step("r1", [1, 2, 3], [10, 11], [-0.5, -0.25], advantage=1.5), [-0.25, -1.0]),
-            scored(step("r2", [4], [12, 13], [-1.0, -2.0], advantage=-0.5), [-3.0, -0.5]),
+            scored(last_step("r1", [1, 2, 3], [10, 11], [-0.5, -0.25], advantage=1.5), [-0.25, -1.0]),
+            scored(last_step("r2", [4], [12, 13], [-1.0, -2.0], advantage=-0.5), [-3.0, -0.5]),
         ]
     )
 
@@ -43,7 +44,7 @@ def test_packed_teacher_logprobs_follow_the_packed_ids():
 
 
 def test_a_batch_read_without_a_teacher_has_no_teacher_tensor_and_no_teacher_kl():
-    batch = Batch([step("r1", [1], [2], [-0.5])])
+    batch = Batch([last_step("r1", [1], [2], [-0.5])])
 
     assert "teacher_logprobs" not in batch.padded()
     assert "teacher_logprobs" not in batch.packed()
@@ -51,15 +52,15 @@ def test_a_batch_read_without_a_teacher_has_no_teacher_tensor_and_no_teacher_kl(
 
 
 def test_a_batch_mixing_scored_and_unscored_samples_is_refused():
-    batch = Batch([scored(step("r1", [1], [2], [-0.5]), [-1.0]), step("r2", [1], [2], [-0.5])])
+    batch = Batch([scored(last_step("r1", [1], [2], [-0.5]), [-1.0]), last_step("r2", [1], [2], [-0.5])])
 
     with pytest.raises(ValueError, match="some samples of the batch have teacher scores and others not"):
         batch.padded()
 
 
 def test_merged_samples_carry_each_turns_teacher_logprobs_and_zero_between_turns():
-    first = scored(step("r", [1, 2], [3, 4], [-0.1, -0.2], turn_index=0), [-1.0, -2.0])
-    second = scored(step("r", [1, 2, 3, 4, 5], [6], [-0.3], turn_index=1, parent_turn=0), [-3.0])
+    first = scored(last_step("r", [1, 2], [3, 4], [-0.1, -0.2], turn_index=0), [-1.0, -2.0])
+    second = scored(last_step("r", [1, 2, 3, 4, 5], [6], [-0.3], turn_index=1, parent_turn=0), [-3.0])
 
     (merged,) = merge_steps([first, second])
 
@@ -68,8 +69,8 @@ def test_merged_samples_carry_each_turns_teacher_logprobs_and_zero_between_turns
 
 
 def test_a_merged_chain_with_an_unscored_turn_has_no_teacher_logprobs():
-    first = scored(step("r", [1, 2], [3, 4], [-0.1, -0.2], turn_index=0), [-1.0, -2.0])
-    second = step("r", [1, 2, 3, 4, 5], [6], [-0.3], turn_index=1, parent_turn=0)
+    first = scored(last_step("r", [1, 2], [3, 4], [-0.1, -0.2], turn_index=0), [-1.0, -2.0])
+    second = last_step("r", [1, 2, 3, 4, 5], [6], [-0.3], turn_index=1, parent_turn=0)
 
     (merged,) = merge_steps([first, second])
 

@@ -3,10 +3,10 @@ of the rollout's group, with the rollout's advantage; no chain is dropped."""
 
 from __future__ import annotations
 
-from test_samples import sub_agents_and_compaction
-
 from trainer_client.trl import GatewayRolloutWorker
 from training_data.samples import merge_steps
+
+from support.samples import sub_agents_and_compaction
 
 
 def test_every_chain_of_a_rollout_is_a_rollout_sample_of_its_group_with_the_rollouts_advantage():

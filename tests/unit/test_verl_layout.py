@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_samples import chain, step, sub_agents_and_compaction
 
 from trainer_client.verl import layout
 from training_data.samples import merge_steps
+
+from support.samples import chain, step, sub_agents_and_compaction
 
 
 def batch() -> tuple[dict[str, list[list[float]]], dict[str, list[object]]]:

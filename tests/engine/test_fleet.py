@@ -20,8 +20,8 @@ from gateway.fleet.routing import share_bound
 from testbed.launcher import GatewayProcess
 from testbed.vllm_server import VLLMServer
 
-from engines import SessionEngines
 from support import TIMEOUT, admin, async_agent, stored_rollout, sync_agent, wait_for
+from support.engines import SessionEngines
 
 HEALTH = ("--health-interval", "0.5")
 

@@ -1,7 +1,7 @@
 """`gateway serve --workers 2` on PostgreSQL: both processes serve the one port, an admin call made through
 the port reaches both (pause, policy version), the gateway's counts are both processes' added up, and a
 worker that dies is replaced by one that takes the gateway's state (the processes share it through the
-store, as replicas on several hosts do: `tests/test_replica_fleet.py`)."""
+store, as replicas on several hosts do: `tests/engine/test_replica_fleet.py`)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ import subprocess
 
 import numpy as np
 import pytest
-from test_examples import EXAMPLES, play_environment, rollouts_of
+
+from support.examples import EXAMPLES, play_environment, rollouts_of
 
 
 def verl_python() -> str:

@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from test_examples import example
 
 from gateway.store.database import make_engine
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig
@@ -26,6 +25,7 @@ from trainer_client.reference.toy_task import TargetCharactersTask
 from training_data.evaluation import evaluation_report
 
 from support import TIMEOUT
+from support.examples import example
 
 STEPS = 10
 GROUPS, GROUP_SIZE = 4, 8

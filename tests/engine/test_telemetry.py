@@ -311,7 +311,7 @@ def test_the_endpoint_without_the_otel_packages_stops_the_start_up_naming_the_ex
     for entry in site_packages.iterdir():
         if not entry.name.startswith("opentelemetry"):
             (view / entry.name).symlink_to(entry)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     command = [sys.executable, "-S", "-m", "gateway", "serve", "--db", f"sqlite:///{tmp_path / 'g.db'}"]
 
     done = subprocess.run(

@@ -27,9 +27,9 @@ from gateway.turns.splice import RE_RENDERED
 from testbed.families import FAMILIES, Family
 from testbed.vllm_server import VLLMServer
 
-from engines import TEMPLATE_FAMILIES, SessionEngines
-from gateways import GatewayThread
 from support import TIMEOUT, TOOLS, carries_something, coalesced, stored_rollout, streamed_reply, sync_agent
+from support.engines import TEMPLATE_FAMILIES, SessionEngines
+from support.gateways import GatewayThread
 
 TOOL = "tool"
 ANSWER = "answer"

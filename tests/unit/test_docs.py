@@ -5,7 +5,7 @@ now, and the site's nav and the pages agree. Each rule is one test per page, so 
 its message names the line.
 
 A block preceded by `<!-- not run: <reason> -->` (on the line just before its fence) is only parsed where its
-language allows. The SQL blocks run on a populated store in tests/test_sql_docs.py.
+language allows. The SQL blocks run on a populated store in tests/engine/test_sql_docs.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import sys
 import tempfile
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -36,10 +35,20 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
-DOCS_PAGES = PAGES[1:]
+from support.docs import (
+    DOCS_PAGES,
+    FENCE,
+    NOT_RUN,
+    PAGES,
+    README,
+    ROOT,
+    Block,
+    blocks_of,
+    fenced_blocks,
+    page_id,
+    prose_lines,
+)
+
 REPOSITORY = "https://github.com/rl-gateway/rl-gateway/"
 REFERENCE_SCRIPT = ROOT / "scripts" / "docs_reference.py"
 GENERATED = ["docs/reference/cli.md", "docs/reference/configuration.md"]
@@ -51,81 +60,6 @@ SH_SHAPES = (
 )
 CODE = ("gateway", "trainer_client", "training_data", "testbed", "tests", "bench", "scripts", "examples")
 UNMARKED = "mark the block <!-- not run: <reason> --> if it is not meant to run as it stands"
-
-
-def page_id(page: Path) -> str:
-    return str(page.relative_to(ROOT))
-
-
-# The fenced blocks of a page.
-
-FENCE = re.compile(r"(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)")
-NOT_RUN = re.compile(r"<!--\s*not run\b(?P<colon>:?)(?P<reason>.*?)-->")
-
-
-@dataclass(frozen=True)
-class Block:
-    page: str
-    line: int
-    """The opening fence's line (from 1); the body starts on the next line."""
-    end: int
-    """The closing fence's line (the page's last line when the fence is never closed)."""
-    language: str
-    body: str
-    before: str
-    """The line just before the opening fence, stripped."""
-
-    @property
-    def not_run(self) -> str | None:
-        """The reason of the `<!-- not run: ... -->` marker just before the fence, if there is one."""
-        marker = NOT_RUN.fullmatch(self.before)
-        return marker["reason"].strip() if marker else None
-
-    def at(self, offset: int) -> str:
-        """`page:line` of the body's line `offset` (from 0)."""
-        return f"{self.page}:{self.line + 1 + offset}"
-
-
-@functools.cache
-def fenced_blocks(page: Path) -> tuple[Block, ...]:
-    """The page's fenced blocks, nested fences left inside their block (CommonMark: a fence closes on a
-    line of the same character, at least as long, with nothing after it)."""
-    lines = page.read_text().splitlines()
-    blocks, index = [], 0
-    while index < len(lines):
-        opening = FENCE.fullmatch(lines[index])
-        if opening is None or (opening["fence"][0] == "`" and "`" in opening["info"]):
-            index += 1
-            continue
-        fence, indent = opening["fence"], len(opening["indent"])
-        closing = re.compile(rf"[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*")
-        end = next((i for i in range(index + 1, len(lines)) if closing.fullmatch(lines[i])), len(lines))
-        body = "\n".join(re.sub(rf"^[ \t]{{0,{indent}}}", "", line) for line in lines[index + 1 : end])
-        info = opening["info"].strip().lstrip("{").lstrip(".")
-        blocks.append(
-            Block(
-                page=page_id(page),
-                line=index + 1,
-                end=min(end + 1, len(lines)),
-                language=info.split()[0].rstrip("}") if info else "",
-                body=body,
-                before=lines[index - 1].strip() if index else "",
-            )
-        )
-        index = end + 1
-    return tuple(blocks)
-
-
-def blocks_of(page: Path, language: str) -> list[Block]:
-    return [block for block in fenced_blocks(page) if block.language == language]
-
-
-def prose_lines(page: Path) -> Iterator[tuple[int, str]]:
-    """The page's lines outside fenced blocks, with their numbers (from 1)."""
-    fenced = {n for block in fenced_blocks(page) for n in range(block.line, block.end + 1)}
-    for number, line in enumerate(page.read_text().splitlines(), start=1):
-        if number not in fenced:
-            yield number, line
 
 
 def report(problems: list[str]) -> str:

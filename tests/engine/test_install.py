@@ -34,7 +34,7 @@ from support import TIMEOUT, VLLM_KEY, detokenize, sync_agent, tokenize_chat, wa
 
 pytestmark = pytest.mark.engine  # builds, installs and runs the package as processes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 OUTSIDE = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
 """The environment of every process the test starts: scripts/dev points PYTHONPATH at the checkout."""

@@ -19,7 +19,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from support import LS_TMP_REGEX, TIMEOUT, chat, stored_rollout
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "viewer"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "viewer"
 
 
 @pytest.fixture(scope="module")

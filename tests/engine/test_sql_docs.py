@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import httpx
 import sqlalchemy as sa
-from test_docs import PAGES, ROOT, blocks_of
 
 from gateway.store.database import make_engine
 
 from support import TIMEOUT
+from support.docs import PAGES, ROOT, blocks_of
 
 QUERIES = [block for page in PAGES for block in blocks_of(page, "sql") if block.not_run is None]
 SQL_PAGE = ROOT / "docs" / "sql.md"
