@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from support import TIMEOUT, VLLM_KEY, client_of, stored_rollout, tokenize_chat
+from support import VLLM_KEY, client_of, stored_rollout, sync_agent, tokenize_chat
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "tiny", "messages": MESSAGES, "max_tokens": 3}
@@ -68,7 +68,7 @@ def test_a_call_past_max_turns_is_refused_recorded_and_ends_the_rollout(gateway_
 def test_the_openai_sdk_stops_at_the_limit_without_retrying(start_gateway, databases, db_kind):
     gateway = start_gateway(databases.new(db_kind), "--max-turns", "1")
     rollout = create(gateway)
-    agent = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=3, timeout=TIMEOUT)
+    agent = sync_agent(rollout["base_url"], max_retries=3)
 
     agent.chat.completions.create(**CHAT)
     with pytest.raises(openai.BadRequestError) as raised:

@@ -17,6 +17,7 @@ from support import (
     LS_TMP_REGEX,
     TIMEOUT,
     TOOLS,
+    async_agent,
     detokenize,
     on_store,
     stored_rollout,
@@ -119,9 +120,7 @@ def test_an_agents_sdk_agent_runs_its_function_tool_and_sends_the_result_back(ga
         listed.append(path)
         return "a.txt b.txt"
 
-    client = openai.AsyncOpenAI(
-        api_key="unused", base_url=created["base_url"], max_retries=0, timeout=TIMEOUT
-    )
+    client = async_agent(created["base_url"])
     model = agents.OpenAIResponsesModel(model="tiny", openai_client=client)
     agent = agents.Agent(name="lister", instructions="You list directories.", tools=[ls], model=model)
     agents.set_tracing_disabled(True)

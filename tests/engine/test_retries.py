@@ -6,11 +6,10 @@ from __future__ import annotations
 import threading
 
 import httpx
-import openai
 
 from trainer_client import TrainerClient
 
-from support import TIMEOUT, admin, on_store, stored_rollout, wait_for
+from support import TIMEOUT, admin, on_store, stored_rollout, sync_agent, wait_for
 
 pytestmark = on_store("sqlite")
 
@@ -39,11 +38,9 @@ def test_sdk_retry_of_a_timed_out_call_repeats_it_and_is_trained_once(start_gate
     db_url = databases.new(db_kind)
     gateway = start_gateway(db_url)
     rollout = httpx.post(gateway.url + "/rollouts", json={"group_id": "g"}, timeout=TIMEOUT).json()
-    agent = openai.OpenAI(
-        base_url=rollout["base_url"],
-        api_key="unused",
+    agent = sync_agent(
+        rollout["base_url"],
         max_retries=1,
-        timeout=TIMEOUT,
         http_client=httpx.Client(transport=ImpatientFirstAttempt(), timeout=TIMEOUT),
     )
     replies: list = []

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from gateway.store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
 
-from support import LS_TMP_REGEX, TIMEOUT, TOOLS, sent_back, stored_rollout
+from support import LS_TMP_REGEX, TIMEOUT, TOOLS, async_agent, sent_back, stored_rollout
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 SUB_SYSTEM = {"role": "system", "content": "You are a sub-agent: answer in two words."}
@@ -44,9 +44,7 @@ async def sub_agent(client: openai.AsyncOpenAI, task: str) -> str:
 
 
 async def claude_code_like(base_url: str) -> None:
-    async with openai.AsyncOpenAI(
-        base_url=base_url, api_key="unused", timeout=TIMEOUT, max_retries=0
-    ) as client:
+    async with async_agent(base_url) as client:
         main: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "Fix the failing test."}]
         delegate = await ask(client, main, TWO_CALLS)  # two Task calls at once
         first, second = delegate["tool_calls"]

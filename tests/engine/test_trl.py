@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from gateway.store.database import make_engine
@@ -24,7 +23,7 @@ from trainer_client.reference.runner import RolloutRunner, RunnerConfig
 from trainer_client.reference.toy_task import TargetCharactersTask
 from training_data.evaluation import evaluation_report
 
-from support import TIMEOUT
+from support import TIMEOUT, async_agent
 from support.examples import example
 
 STEPS = 10
@@ -133,9 +132,7 @@ def test_a_two_turn_rollout_of_cut_replies_reaches_trl_as_one_sequence_with_the_
 
     async def agent(prompt: str, rollout: Rollout) -> float:
         messages: list[Any] = [{"role": "user", "content": prompt}]
-        async with openai.AsyncOpenAI(
-            base_url=rollout.base_url, api_key=rollout.api_key, timeout=TIMEOUT
-        ) as client:
+        async with async_agent(rollout.base_url, rollout.api_key) as client:
             for follow_up in ("More.", None):
                 reply = await client.chat.completions.create(  # cut at 4 tokens, never ended sooner
                     model="tiny", messages=messages, max_tokens=4, extra_body={"min_tokens": 4}
@@ -177,9 +174,7 @@ def test_an_agent_that_fails_stops_the_generation_with_its_error_and_its_rollout
         played[rollout.rollout_id] = prompt
         if prompt == "broken":
             raise ValueError("the sandbox did not start")
-        async with openai.AsyncOpenAI(
-            base_url=rollout.base_url, api_key=rollout.api_key, timeout=TIMEOUT
-        ) as client:
+        async with async_agent(rollout.base_url, rollout.api_key) as client:
             await client.chat.completions.create(
                 model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=2
             )
@@ -237,9 +232,7 @@ def test_a_rollout_with_a_sub_agents_conversation_stops_the_step_rather_than_tra
 
     async def agent(prompt: str, rollout: Rollout) -> float:
         played.append(rollout.rollout_id)
-        async with openai.AsyncOpenAI(
-            base_url=rollout.base_url, api_key=rollout.api_key, timeout=TIMEOUT
-        ) as client:
+        async with async_agent(rollout.base_url, rollout.api_key) as client:
             for conversation in (prompt, "You are a sub-agent. Find the file."):  # a fresh conversation
                 await client.chat.completions.create(
                     model="tiny", messages=[{"role": "user", "content": conversation}], max_tokens=2

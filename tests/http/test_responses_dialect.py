@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 
-from support import assert_openai_error
+from support import assert_openai_error, async_agent
 from support.fake_engine import FakeReply, chat_reply, chat_stream, error_reply
 
 pytestmark = pytest.mark.anyio
@@ -38,12 +38,7 @@ CALL = {
 def agent(gw: Any, rollout_id: str = "r1") -> openai.AsyncOpenAI:
     """The SDK on its own HTTP library (httpx2), reaching the app in process."""
     client = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=gw.app), base_url="http://gateway")
-    return openai.AsyncOpenAI(
-        api_key="unused",
-        base_url=f"http://gateway/rollouts/{rollout_id}/v1",
-        http_client=client,
-        max_retries=0,
-    )
+    return async_agent(f"http://gateway/rollouts/{rollout_id}/v1", http_client=client)
 
 
 def sent(gw: Any) -> dict[str, Any]:
@@ -398,12 +393,7 @@ async def test_a_rollout_key_opens_every_dialect_and_no_other_key_does(start):
     for _ in range(3):
         gw.engine.answer("/v1/chat/completions", chat_reply(PROMPT, [5, 2], "Hi."))
     transport = httpx2.ASGITransport(app=gw.app)
-    openai_agent = openai.AsyncOpenAI(
-        api_key=key,
-        base_url=created["base_url"],
-        http_client=httpx2.AsyncClient(transport=transport),
-        max_retries=0,
-    )
+    openai_agent = async_agent(created["base_url"], key, http_client=httpx2.AsyncClient(transport=transport))
     anthropic_agent = anthropic.AsyncAnthropic(
         api_key=key,  # sent as x-api-key, with anthropic-version
         base_url=created["anthropic_base_url"],

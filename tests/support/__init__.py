@@ -50,17 +50,20 @@ POLL = 0.05
 """Seconds between two looks at a condition."""
 
 
-def sync_agent(base_url: str, api_key: str = "unused") -> openai.OpenAI:
+def sync_agent(base_url: str, api_key: str = "unused", **options: Any) -> openai.OpenAI:
     """An agent's SDK client as the tests make it: no retries (a retry would be a second turn) and the suite's
-    deadline as its timeout, connecting included."""
-    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=TIMEOUT)
+    deadline as its timeout, connecting included; `options` (`max_retries`, `http_client`) where a test
+    needs other ones."""
+    options.setdefault("max_retries", 0)
+    return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=TIMEOUT, **options)
 
 
-def async_agent(base_url: str) -> openai.AsyncOpenAI:
-    """An agent's SDK client, without retries, for tests that start many agents at once: the SDK's default
+def async_agent(base_url: str, api_key: str = "unused", **options: Any) -> openai.AsyncOpenAI:
+    """An agent's SDK client, as `sync_agent`'s, for tests that start many agents at once: the SDK's default
     gives a connection 5 s, and a loaded machine's test process can take longer to get back to connections
     a whole group opened at the same moment (a group of 64 once failed on a connect timeout)."""
-    return openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=TIMEOUT)
+    options.setdefault("max_retries", 0)
+    return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=TIMEOUT, **options)
 
 
 def client_of(gateway: Any) -> Any:
