@@ -4,7 +4,12 @@ or the client leaving), so that the latency is the call's whole duration.
     POST /rollouts/r1/v1/chat/completions 200 1532.4 ms rollout=r1
 
 A call the client left before its answer began is logged with status 499, as nginx does; one that failed
-before answering, 500.
+before answering, 500. The health probes and the metrics scrapes are left out unless `--access-log-probes`
+(`gateway.logs.QuietProbes`).
+
+The middleware also says, for the call's whole path, which rollout it is for (`gateway.logs.rollout`: on
+every log line of the call) and the trace context its harness sent (`gateway.telemetry.incoming`: the turn's
+span continues that trace).
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway import logs, telemetry
+
 log = logging.getLogger("gateway.access")
+log.addFilter(logs.QuietProbes())  # the setting's default, also where no command line configured logging
 
 _ROLLOUT = re.compile(r"^/rollouts/([^/]+)")
 
@@ -30,6 +38,11 @@ class AccessLog:
             return
         started = time.perf_counter()
         status = 499
+        path: str = scope["path"]
+        match = _ROLLOUT.match(path)
+        rollout = match.group(1) if match else None
+        call = logs.rollout.set(rollout)
+        trace = telemetry.incoming.set(telemetry.trace_headers(scope["headers"]) if rollout else None)
 
         async def sending(message: Message) -> None:
             nonlocal status
@@ -44,13 +57,22 @@ class AccessLog:
                 status = 500
             raise
         finally:
-            path: str = scope["path"]
-            rollout = _ROLLOUT.match(path)
+            duration = round((time.perf_counter() - started) * 1000, 1)
+            method: str = scope["method"]
             log.info(
                 "%s %s %d %.1f ms%s",
-                scope["method"],
+                method,
                 path,
                 status,
-                (time.perf_counter() - started) * 1000,
-                f" rollout={rollout.group(1)}" if rollout else "",
+                duration,
+                f" rollout={rollout}" if rollout else "",
+                extra={
+                    "rollout": rollout,
+                    "method": method,
+                    "path": path,
+                    "status": status,
+                    "duration_ms": duration,
+                },
             )
+            telemetry.incoming.reset(trace)
+            logs.rollout.reset(call)

@@ -81,6 +81,13 @@ class LogLevel(StrEnum):
     TRACE = "trace"
 
 
+class LogFormat(StrEnum):
+    """text: lines for a terminal; json: one object a line, for a log shipper."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
 class ConfigFileError(ValueError):
     """A configuration file the gateway cannot use, said in one line that names the file (and the key)."""
 
@@ -272,10 +279,22 @@ class Settings(BaseSettings):
         description="Least severe log lines written (to standard error).",
         json_schema_extra=_in(Group.OBSERVABILITY),
     )
+    log_format: LogFormat = Field(
+        default=LogFormat.TEXT,
+        description="text: lines for a terminal; json: one JSON object a line (time, level, logger, message, "
+        "replica, pid, rollout, exc), uvicorn's lines and each worker's included.",
+        json_schema_extra=_in(Group.OBSERVABILITY),
+    )
     access_log: bool = Field(
         default=True,
         description="Log one info line per HTTP call (gateway.access): method, path, status, latency to the "
         "last byte, rollout.",
+        json_schema_extra=_in(Group.OBSERVABILITY),
+    )
+    access_log_probes: bool = Field(
+        default=False,
+        description="Also log the health probes (/healthz, /readyz) and the /metrics scrapes in the access "
+        "log: left out unless asked, they would outnumber the calls.",
         json_schema_extra=_in(Group.OBSERVABILITY),
     )
     otlp_endpoint: str | None = Field(

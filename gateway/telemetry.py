@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -15,6 +16,7 @@ from gateway.store.records import TurnRecord
 from gateway.store.status import TurnStatus
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Tracer
 
@@ -35,6 +37,19 @@ _SAMPLING: tuple[tuple[str, tuple[str, ...], type], ...] = (
     ("gen_ai.request.presence_penalty", ("presence_penalty",), float),
 )
 """The conventions' request attributes, each with the engine's fields that give it (first present wins)."""
+
+incoming: ContextVar[dict[str, str] | None] = ContextVar("incoming", default=None)
+"""The W3C trace context a harness sent with the call this task serves (`traceparent`, `tracestate`), set by
+the access log's middleware: the turn's span continues the harness's trace. Kept as the headers, parsed only
+when a span is made."""
+TRACE_HEADERS = (b"traceparent", b"tracestate")
+
+
+def trace_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str] | None:
+    """The W3C trace context among an ASGI call's headers (lower-cased names), or None without a
+    traceparent."""
+    found = {name.decode(): value.decode("latin-1") for name, value in headers if name in TRACE_HEADERS}
+    return found if "traceparent" in found else None
 
 
 def missing_packages() -> str | None:
@@ -63,6 +78,7 @@ class TurnSpans:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.endpoint = endpoint
         self._provider: TracerProvider = TracerProvider(
@@ -70,6 +86,7 @@ class TurnSpans:
         )
         self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
         self._tracer: Tracer = self._provider.get_tracer("gateway.telemetry", __version__)
+        self._propagator = TraceContextTextMapPropagator()
 
     def record(self, record: TurnRecord) -> None:
         """The turn's span, queued for export (never blocks: a full queue drops the span)."""
@@ -78,6 +95,7 @@ class TurnSpans:
         operation = operation_name(record.endpoint)
         span = self._tracer.start_span(
             f"{operation} {record.model}" if record.model else operation,
+            context=self._parent(),
             kind=SpanKind.CLIENT,
             attributes=dict(attributes(record, operation)),
             start_time=nanoseconds(record.started_at),
@@ -85,6 +103,11 @@ class TurnSpans:
         if record.status != TurnStatus.OK:
             span.set_status(Status(StatusCode.ERROR, record.error))
         span.end(end_time=nanoseconds(record.finished_at))
+
+    def _parent(self) -> Context | None:
+        """The harness's trace context (an invalid traceparent gives none: the span starts a trace)."""
+        carrier = incoming.get()
+        return None if carrier is None else self._propagator.extract(carrier)
 
     def shutdown(self) -> None:
         """Send the spans still queued, then stop: the turns of a gateway's last seconds are not lost."""
