@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.openai.protocol import MAX_REPLY_TOKENS
+
 
 class Message(BaseModel):
     """One message of the conversation. `system` is the mid-conversation system message of Anthropic's beta,
@@ -36,7 +38,7 @@ class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: Annotated[int, Field(ge=1)]
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_REPLY_TOKENS)]
     messages: Annotated[list[Message], Field(min_length=1)]
     system: str | list[dict[str, Any]] | None = None
     tools: list[Tool] | None = None

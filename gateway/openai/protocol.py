@@ -14,6 +14,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 ModelName = Annotated[str, Field(max_length=256)]
 """As long as the store's `turns.model` column allows."""
+MAX_TOKEN_ID = 2**31 - 1
+"""The largest id the store packs (32-bit, `gateway.store.tokens.ID_DTYPE`)."""
+TokenId = Annotated[int, Field(strict=True, ge=0, le=MAX_TOKEN_ID)]
+"""A prompt id the gateway records: a JSON integer (not `"5"`, `1.0` or `true`, which vLLM would read as
+something else than the gateway packs) that fits the store."""
+MAX_CHOICES = 128
+"""`n`'s ceiling, as OpenAI's own API sets it: each choice is a turn the gateway stores."""
+MAX_REPLY_TOKENS = 2**31 - 1
+"""A reply-length field the gateway compares and caps: beyond any context. Lower values (0, negative) are
+vLLM's to refuse, in its own words."""
+ReplyTokens = Annotated[int, Field(le=MAX_REPLY_TOKENS)]
 StopParam = str | list[str] | None
 Open = ConfigDict(extra="allow")
 
@@ -42,9 +53,9 @@ class SamplingFields(BaseModel):
     model: ModelName | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1)] | None = 1
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = 1
     """Several choices of one prompt (a GRPO group from one call): each is stored as its own turn."""
-    max_tokens: int | None = None
+    max_tokens: ReplyTokens | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -60,7 +71,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    max_completion_tokens: int | None = None
+    max_completion_tokens: ReplyTokens | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
@@ -70,7 +81,7 @@ class ChatCompletionTokensRequest(ChatCompletionRequest):
     """A chat request whose prompt the client gives as ids (`tokens`), as token-aware RL clients send it: the
     messages are kept with the turn, the engine generates from `tokens`."""
 
-    tokens: Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]], Field(min_length=1)]
+    tokens: Annotated[list[TokenId], Field(min_length=1)]
 
 
 class TokenRouteRequest(BaseModel):
@@ -82,7 +93,8 @@ class TokenRouteRequest(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | Annotated[list[int], Field(min_length=1)]
+    prompt: str | Annotated[list[TokenId], Field(min_length=1)]
+    """Text, or ids: ids are counted and recorded by the gateway when the rollout has a context limit."""
     echo: bool | None = None
     logprobs: Annotated[int, Field(ge=0)] | None = None
     suffix: str | None = None

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.openai.protocol import ModelName
+from gateway.openai.protocol import MAX_REPLY_TOKENS, ModelName
 
 Open = ConfigDict(extra="allow")
 
@@ -25,7 +25,7 @@ class ResponsesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_output_tokens: Annotated[int, Field(ge=1, le=MAX_REPLY_TOKENS)] | None = None
     temperature: Annotated[float, Field(ge=0)] | None = None
     top_p: float | None = None
     text: dict[str, Any] | None = None

@@ -164,7 +164,7 @@ class TurnCapture:
 
     def finish(self) -> list[TurnRecord]:
         """One record per choice, in choice order (one, empty, if nothing was generated)."""
-        prompt = np.asarray(self.prompt_ids, dtype=ID_DTYPE)
+        prompt = packed(self.prompt_ids)
         if self.sent_prompt is not None and not np.array_equal(prompt, self.sent_prompt):
             # vLLM rendered the messages itself: the turn holds its ids, not the splice.
             self.record.splice = RENDERED_BY_VLLM
@@ -175,7 +175,7 @@ class TurnCapture:
         choice = self.choice(index)
         record = self.record if index == 0 else replace(self.record, choice_index=index)
         record.prompt_ids = prompt
-        record.completion_ids = np.asarray(choice.completion_ids, dtype=ID_DTYPE)
+        record.completion_ids = packed(choice.completion_ids)
         # With `echo` the completions endpoint also returns the prompt's logprobs: keep the sampled ones.
         sampled = (
             choice.logprobs[len(choice.logprobs) - len(choice.completion_ids) :]
@@ -188,6 +188,21 @@ class TurnCapture:
         record.tool_calls = [choice.tool_calls[i] for i in sorted(choice.tool_calls)] or None
         record.finish_reason = choice.finish_reason
         return record
+
+
+def packed(ids: list[int] | np.ndarray) -> np.ndarray:
+    """Ids as the store keeps them (32-bit). The request models bound the agent's ids and vLLM's are its
+    vocabulary's; should any still not fit (negative, 2**31 or more, not a number), the turn keeps no ids
+    rather than wrapped ones, and its other fields are stored as usual."""
+    if isinstance(ids, np.ndarray) and ids.dtype == ID_DTYPE:
+        return ids
+    try:
+        wide = np.asarray(ids, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        return np.empty(0, dtype=ID_DTYPE)
+    if wide.ndim != 1 or (wide.shape[0] and (wide.min() < 0 or wide.max() > _MAX_ID)):
+        return np.empty(0, dtype=ID_DTYPE)
+    return wide.astype(ID_DTYPE)
 
 
 def _without_prompt_ids(raw: bytes) -> tuple[dict[str, Any] | None, np.ndarray | None]:
