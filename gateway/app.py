@@ -18,7 +18,7 @@ from gateway.admin.router import router as admin_router
 from gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
 from gateway.anthropic.router import router as anthropic_router
 from gateway.auth import Tokens
-from gateway.control.context import ControlContext
+from gateway.control.context import ControlContext, Lifecycle
 from gateway.control.router import health_router
 from gateway.control.router import router as control_router
 from gateway.encoding import JsonResponse
@@ -113,6 +113,8 @@ def create_app(
         try:
             yield
         finally:
+            parts.lifecycle.stopping = True
+            await drain(parts.traffic, settings.backend_timeout)
             watch.cancel()
             gc.unfreeze()
             gc.set_threshold(*thresholds)
@@ -181,6 +183,8 @@ class Started:
     replica: Replica
     local_render: LocalRenders
     metrics: Metrics
+    traffic: Traffic
+    lifecycle: Lifecycle
     spans: TurnSpans | None = None
 
 
@@ -194,7 +198,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
     spans = TurnSpans(settings.otlp_endpoint) if settings.otlp_endpoint else None
     recorder = Recorder(store, metrics, settings.policy_version, spans)
     replica = Replica(settings, store, backends, traffic, recorder, metrics)
-    local_render = LocalRenders()
+    local_render, lifecycle = LocalRenders(), Lifecycle()
     app.state.tokens = Tokens(settings.control_token, settings.admin_token)
     app.state.turns = TurnContext(
         recorder=recorder,
@@ -209,11 +213,34 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
         local_render=local_render,
     )
     app.state.control = ControlContext(
-        store, backends, recorder, metrics, replica, settings.mode, settings.rollout_keys, settings.public_url
+        store,
+        backends,
+        recorder,
+        metrics,
+        replica,
+        settings.mode,
+        settings.rollout_keys,
+        settings.public_url,
+        lifecycle,
     )
     app.state.admin = AdminContext(replica, backends, recorder)
     app.state.viewer = ViewerContext(store, TokenTexts(backends))
-    return Started(store, backends, replica, local_render, metrics, spans)
+    return Started(store, backends, replica, local_render, metrics, traffic, lifecycle, spans)
+
+
+_DRAIN_POLL = 0.05
+"""Seconds between looks at the calls still in flight while shutting down."""
+
+
+async def drain(traffic: Traffic, timeout: float) -> None:
+    """Let the calls in flight finish (up to a backend reply's timeout) before the store and backends close,
+    while /readyz says the process is shutting down. Under uvicorn they have finished already (it waits for
+    its connections before the app's shutdown); an app run otherwise (in process) has its own."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while traffic.in_flight and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(_DRAIN_POLL)
+    if traffic.in_flight:
+        log.warning("shutting down with %d calls still in flight after %.0f s", traffic.in_flight, timeout)
 
 
 def warn_if_exposed(settings: Settings) -> None:

@@ -14,6 +14,14 @@ from gateway.store.store import Store
 from gateway.turns.recording import Recorder
 
 
+class Lifecycle:
+    """Where this process is in its life, as the readiness probe tells it."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        """Set as the shutdown begins: a load balancer sends no new calls while those in flight finish."""
+
+
 @dataclass(frozen=True)
 class ControlContext:
     store: Store
@@ -25,6 +33,7 @@ class ControlContext:
     """The gateway's --mode, a rollout's unless it chose its own."""
     rollout_keys: bool
     public_url: str | None
+    lifecycle: Lifecycle
 
 
 async def control_context(request: Request) -> ControlContext:

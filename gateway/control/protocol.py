@@ -196,3 +196,36 @@ class Health(BaseModel):
     version: str
     policy_version: str
     backends: list[str]
+
+
+class ModelHealth(BaseModel):
+    healthy: int
+    total: int
+
+
+class ServerHealth(BaseModel):
+    healthy: bool
+    """False while ejected: its checks failed, or a call could not connect."""
+    draining: bool
+    models: list[str]
+    """Model names from its /v1/models (empty until known)."""
+
+
+class BackendsHealth(BaseModel):
+    healthy: int
+    total: int
+    models: dict[str, ModelHealth]
+    """Servers by model name (a server whose models are not known yet counts for none)."""
+    servers: dict[str, ServerHealth]
+    """By URL."""
+
+
+class Readiness(BaseModel):
+    ready: bool
+    """Whether this process can serve: its store answers, its schema is the one it needs (or newer) and it is
+    not shutting down. Unhealthy backends do not make it unready: every process sees the same fleet."""
+    reasons: list[str]
+    """Why it is not ready (empty when it is)."""
+    backends: BackendsHealth
+    policy_version: str
+    version: str
