@@ -103,13 +103,10 @@ def configure_access_log(settings: Settings) -> None:
 
 def _uvicorn_to_root() -> None:
     """uvicorn configures its loggers with handlers and a format of its own, from `LOGGING_CONFIG`, when its
-    server starts (in each worker too, which gets the config by pickle): emptied here, that configuration
-    leaves its loggers to propagate to the root's JSON handler."""
+    server starts (in each worker too, which gets the config by pickle): emptied here, before, that
+    configuration leaves its loggers to propagate to the root's JSON handler (but for what uvicorn's own
+    settings turn off, as its access log, which the gateway's replaces)."""
     from uvicorn.config import LOGGING_CONFIG
 
     LOGGING_CONFIG.clear()
     LOGGING_CONFIG.update({"version": 1, "disable_existing_loggers": False})
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logger = logging.getLogger(name)
-        logger.handlers.clear()
-        logger.propagate = True

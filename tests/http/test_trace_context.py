@@ -1,6 +1,6 @@
 """A harness's W3C trace context continues into the gateway's span: an agent call that carries `traceparent`
-(and `tracestate`) gets a turn span in the harness's trace, child of the harness's span; a call without one,
-or with one that does not parse, starts a trace of its own."""
+(and `tracestate`) gets a turn span in the harness's trace, child of the harness's span, and sampled as the
+harness decided; a call without one, or with one that does not parse, starts a trace of its own."""
 
 from __future__ import annotations
 
@@ -106,6 +106,7 @@ async def traced(start, collector, monkeypatch):
 
 
 async def the_span(collector: Collector) -> Received:
+    """The one span sent (spans leave in the order their turns ended: an earlier one would be here too)."""
     await until(collector.received, "the turn's span at the collector")
     (span,) = collector.received()
     return span
@@ -140,3 +141,11 @@ async def test_a_traceparent_that_does_not_parse_starts_a_trace_of_its_own(trace
     span = await the_span(collector)
     assert (span.parent_span_id, span.trace_state) == ("", "")
     assert span.trace_id != TRACE_ID
+
+
+async def test_a_harness_that_did_not_sample_its_trace_gets_no_span(traced, collector):
+    traced.engine.answer("/v1/chat/completions", chat_reply([1, 2], [5, 0], "x"))
+    await call(traced, {"traceparent": f"00-{'1' * 32}-{HARNESS_SPAN}-00"})
+    await call(traced, {"traceparent": TRACEPARENT})
+
+    assert await the_span(collector) == Received("chat tiny", TRACE_ID, HARNESS_SPAN, "")
