@@ -190,7 +190,7 @@ async def store_reasons(control: ControlContext) -> list[str]:
     if not replica.confirmed():
         return [
             f"store unreachable: no heartbeat went through in {replica.timeout / 2:g} s "
-            "(half of --process-timeout); agent calls are refused"
+            "(half of --process-timeout): agent calls are refused"
         ]
     try:
         revision = await asyncio.to_thread(current_revision, control.store.engine)

@@ -16,8 +16,9 @@ from sqlalchemy import create_engine, text
 from gateway import __version__
 from gateway.app import create_app
 from gateway.settings import Settings
-from gateway.store.database import alembic_config, head_revision
+from gateway.store.database import alembic_config, ensure_schema, head_revision, make_engine
 from gateway.store.store import Store
+from testbed.process import free_port
 
 import support
 from support.fake_engine import URL, FakeEngine, FakeReply, chat_stream
@@ -89,6 +90,47 @@ async def test_a_store_lost_makes_the_gateway_unready_as_agent_calls_fail_and_re
         lambda: ready_status(gw.client, 200), "the gateway ready again once its store is back"
     )
     assert (await gw.client.get("/readyz")).json() == readiness([])
+
+
+async def test_a_replica_cut_off_from_its_store_is_unready_as_it_refuses_agent_calls_and_ready_once_back(
+    databases,
+):
+    db = databases.new("postgresql")
+    ensure_schema(db)
+    store = Store(db)
+    settings = Settings(db=db, backend=[URL], heartbeat_interval=0.1, process_timeout=2)
+    app = create_app(settings, store=store, backends=FakeEngine())
+    cut_off = [
+        "store unreachable: no heartbeat went through in 1 s (half of --process-timeout): "
+        "agent calls are refused"
+    ]
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client,
+    ):
+        reached = store.engine
+        # What the heartbeats go through, now to a port where nothing listens: as a host cut off.
+        store.engine = make_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/test")
+        await support.until(lambda: reasons(client, cut_off), "readyz to say the store is out of reach")
+        lost = await client.get("/readyz")
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        refused = await client.post("/rollouts/r1/v1/chat/completions", json=body)
+        live = await client.get("/healthz")
+
+        store.engine.dispose()
+        store.engine = reached
+        await support.until(
+            lambda: ready_status(client, 200), "the replica ready again once its store is back"
+        )
+    store.close()
+
+    assert (lost.status_code, lost.json()) == (503, readiness(cut_off))
+    assert (refused.status_code, refused.json()["error"]["code"]) == (503, "store_unavailable")
+    assert live.status_code == 200
+
+
+async def reasons(client: httpx.AsyncClient, expected: list[str]) -> bool:
+    return (await client.get("/readyz")).json()["reasons"] == expected
 
 
 async def ready_status(client: httpx.AsyncClient, status: int) -> bool:
