@@ -127,13 +127,15 @@ import logging, uvicorn
 from gateway.logs import configure_logging
 from gateway.settings import Settings
 configure_logging(Settings(log_format="json"))
-uvicorn.Config(app=None, log_level="info").configure_logging()  # as uvicorn.run and each worker do
+# as uvicorn.run and each worker do, with the gateway's own access log in place of uvicorn's
+uvicorn.Config(app=None, log_level="info", access_log=False).configure_logging()
 logging.getLogger("uvicorn.error").info("Started server process [%d]", 1)
+logging.getLogger("uvicorn.access").info("127.0.0.1:5000 - GET /healthz 200")
 logging.getLogger("gateway.app").info("gateway started")
 """
 
 
-def test_uvicorns_own_lines_are_json_too():
+def test_uvicorns_own_lines_are_json_too_and_its_access_log_stays_off():
     done = subprocess.run(
         [sys.executable, "-c", UVICORN],
         capture_output=True,
