@@ -23,6 +23,9 @@ RUN pip install --no-cache-dir "$(echo dist/*.whl)[server,postgres]" -c requirem
 USER gateway
 VOLUME /data
 EXPOSE 8100
-HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8100/healthz')"
+# Liveness on the port the gateway listens on (the shell reads GATEWAY_PORT when the check runs, `docker run
+# -e GATEWAY_PORT=...` included); readiness is GET /readyz, for a load balancer (docs/deployment/).
+HEALTHCHECK --interval=10s --timeout=3s \
+    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:${GATEWAY_PORT:-8100}/healthz')"
 ENTRYPOINT ["gateway"]
 CMD ["serve"]
