@@ -9,7 +9,7 @@ before answering, 500. The health probes and the metrics scrapes are left out un
 
 The middleware also says, for the call's whole path, which rollout it is for (`gateway.logs.rollout`: on
 every log line of the call) and the trace context its harness sent (`gateway.telemetry.incoming`: the turn's
-span continues that trace).
+span continues that trace); `CallContext` says it without the access log.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,6 +30,35 @@ log.addFilter(logs.QuietProbes())  # the setting's default, also where no comman
 _ROLLOUT = re.compile(r"^/rollouts/([^/]+)")
 
 
+@contextmanager
+def call_context(scope: Scope) -> Iterator[str | None]:
+    """The call's rollout and its harness's trace context, for the call's whole path (its tasks inherit
+    them); yields the rollout. Two context variables per call, nothing per token."""
+    match = _ROLLOUT.match(scope["path"])
+    rollout = match.group(1) if match else None
+    call = logs.rollout.set(rollout)
+    trace = telemetry.incoming.set(telemetry.trace_headers(scope["headers"]) if rollout else None)
+    try:
+        yield rollout
+    finally:
+        telemetry.incoming.reset(trace)
+        logs.rollout.reset(call)
+
+
+class CallContext:
+    """`call_context` for every call, where no access log is installed (`--no-access-log`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with call_context(scope):
+            await self.app(scope, receive, send)
+
+
 class AccessLog:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -36,13 +67,13 @@ class AccessLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        with call_context(scope) as rollout:
+            await self._logged(scope, receive, send, rollout)
+
+    async def _logged(self, scope: Scope, receive: Receive, send: Send, rollout: str | None) -> None:
         started = time.perf_counter()
         status = 499
         path: str = scope["path"]
-        match = _ROLLOUT.match(path)
-        rollout = match.group(1) if match else None
-        call = logs.rollout.set(rollout)
-        trace = telemetry.incoming.set(telemetry.trace_headers(scope["headers"]) if rollout else None)
 
         async def sending(message: Message) -> None:
             nonlocal status
@@ -74,5 +105,3 @@ class AccessLog:
                     "duration_ms": duration,
                 },
             )
-            telemetry.incoming.reset(trace)
-            logs.rollout.reset(call)

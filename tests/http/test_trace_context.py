@@ -10,13 +10,16 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
-from support import until
+from gateway.access_log import CallContext
+
+from support import TIMEOUT, until
 from support.fake_engine import chat_reply
 
 pytestmark = pytest.mark.anyio
@@ -147,5 +150,19 @@ async def test_a_harness_that_did_not_sample_its_trace_gets_no_span(traced, coll
     traced.engine.answer("/v1/chat/completions", chat_reply([1, 2], [5, 0], "x"))
     await call(traced, {"traceparent": f"00-{'1' * 32}-{HARNESS_SPAN}-00"})
     await call(traced, {"traceparent": TRACEPARENT})
+
+    assert await the_span(collector) == Received("chat tiny", TRACE_ID, HARNESS_SPAN, "")
+
+
+async def test_without_the_access_log_the_call_context_middleware_carries_the_trace(
+    start, collector, monkeypatch
+):
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+    gw = await start(otlp_endpoint=collector.url, access_log=False)
+    gw.engine.answer("/v1/chat/completions", chat_reply([1, 2], [5, 0], "x"))
+    transport = httpx.ASGITransport(app=CallContext(gw.app))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=TIMEOUT) as client:
+        gw.client = client
+        await call(gw, {"traceparent": TRACEPARENT})
 
     assert await the_span(collector) == Received("chat tiny", TRACE_ID, HARNESS_SPAN, "")
