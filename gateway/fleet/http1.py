@@ -35,6 +35,13 @@ class Disconnected(Exception):
     """The connection closed before the reply began: an idle one the server had closed, or a server that
     went away with the request."""
 
+    def __init__(self, message: str, *, retry: bool) -> None:
+        super().__init__(message)
+        self.retry = retry
+        """Sending the request again cannot run it twice: it was never written, or it went on a kept-alive
+        connection, which the server may close as it arrives without having read it. A request sent on a new
+        connection reached a server that was there to read it."""
+
 
 class ReplyTimeout(TimeoutError):
     """Nothing arrived from the server for the read timeout."""
@@ -44,11 +51,18 @@ class BrokenReply(Exception):
     """The reply broke off, or was not HTTP."""
 
 
+class Idle(list["Connection"]):
+    """A server's idle connections, the most recently used last."""
+
+    retired = False
+    """The server left the fleet: a connection of its still out on a call is closed when the call ends."""
+
+
 class Connection(asyncio.Protocol):
     """One connection to a server, one exchange at a time. `read` hands over the body bytes that have arrived
     since the last read; `release` gives the connection back once its reply has ended."""
 
-    def __init__(self, idle: list[Connection], read_timeout: float, keepalive: float) -> None:
+    def __init__(self, idle: Idle, read_timeout: float, keepalive: float) -> None:
         self._idle = idle
         """Its server's idle connections, which it joins when an exchange ends cleanly."""
         self._read_timeout = read_timeout
@@ -66,9 +80,12 @@ class Connection(asyncio.Protocol):
         self._keep_alive = False
         self._draining: asyncio.TimerHandle | None = None
         self._error: Exception | None = None
+        self._ended_at = 0.0
+        self._reused = False
         self.status = 0
-        """The reply's status; 0 until its head has arrived."""
+        """The reply's status; 0 until its head has arrived (an interim 1xx reply's is never kept)."""
         self.idle_since = 0.0
+        """When its last reply ended: the server's keep-alive time counts from then."""
         self.lost = False
 
     # -- the protocol's events ------------------------------------------------------------------------------
@@ -80,13 +97,19 @@ class Connection(asyncio.Protocol):
         if self._parser is None:  # nothing was asked: a server talking out of turn is not to be trusted
             self.close()
             return
+        # Counted before the parser takes it: a reply that ends in this read and goes back to the idle
+        # connections leaves its count at 0 (`_idle_again`), so an idle connection is never left paused.
+        self._buffered += len(data)
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(BrokenReply("the server switched protocols (101), which no call asks for"))
+            self.close()
+            return
         except httptools.HttpParserError as exc:
             self._fail(BrokenReply(f"not an HTTP reply: {exc}"))
             self.close()
             return
-        self._buffered += len(data)
         if self._buffered > _HIGH_WATER and not self._paused and self._transport is not None:
             self._paused = True
             self._transport.pause_reading()
@@ -103,7 +126,7 @@ class Connection(asyncio.Protocol):
             return
         why = f": {exc}" if exc is not None else ""
         if not self.status:
-            self._fail(Disconnected(f"connection closed before the reply{why}"))
+            self._fail(Disconnected(f"connection closed before the reply{why}", retry=self._reused))
         elif self._framed or exc is not None:
             self._fail(BrokenReply(f"connection closed mid-reply{why}"))
         else:  # a body that runs to the close of the connection
@@ -118,11 +141,17 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         assert self._parser is not None
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if status >= 200:  # not an interim reply (103 Early Hints, 100 Continue): the final one follows
+            self.status = status
 
     def on_message_complete(self) -> None:
         assert self._parser is not None
+        if not self.status:  # an interim reply's end: the parser goes on to the final one
+            self._framed = False
+            return
         self._complete = True
+        self._ended_at = time.monotonic()
         self._keep_alive = self._parser.should_keep_alive()  # llhttp forgets it once the message is over
         if self._draining is not None:
             self._draining.cancel()
@@ -136,7 +165,7 @@ class Connection(asyncio.Protocol):
     async def exchange(self, request: bytes, body: bytes) -> int:
         """Send a request; its reply's status, once its head has arrived."""
         if not self.open:  # closed by the server between its connect (or its last reply) and now
-            raise Disconnected("connection closed before the request")
+            raise Disconnected("connection closed before the request", retry=True)
         assert self._transport is not None
         self._parser = httptools.HttpResponseParser(self)
         self._complete = self._framed = self._keep_alive = False
@@ -236,13 +265,14 @@ class Connection(asyncio.Protocol):
             waiter.set_exception(error)
 
     def _idle_again(self) -> None:
-        if self.lost or not self._keep_alive:
+        if self.lost or not self._keep_alive or self._idle.retired:
             self.close()
             return
         self._parser = None
         self._pieces.clear()  # what the caller left unread is not the next call's
         self._resume()
-        self.idle_since = time.monotonic()
+        self.idle_since = self._ended_at
+        self._reused = True
         self._idle.append(self)
 
 
@@ -275,7 +305,7 @@ class Http1Client:
         server keeps them."""
         self._auth = b"authorization: %s\r\n" % authorization.encode() if authorization else b""
         self._targets: dict[str, _Target] = {}
-        self._idle: dict[str, list[Connection]] = {}
+        self._idle: dict[str, Idle] = {}
 
     async def post(self, base: str, path: str, body: bytes, *, fresh: bool = False) -> Connection:
         """POST JSON to `path` on the server at `base`; the connection once the reply's head has arrived.
@@ -305,7 +335,7 @@ class Http1Client:
         return None
 
     async def _connect(self, base: str, target: _Target) -> Connection:
-        idle = self._idle.setdefault(base, [])
+        idle = self._idle.setdefault(base, Idle())
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
@@ -322,8 +352,20 @@ class Http1Client:
         connection.connection_made(transport)  # uvloop may make the call only after returning
         return connection
 
+    def forget(self, base: str) -> None:
+        """The server at `base` left: its idle connections are closed, and the others when their calls end."""
+        self._targets.pop(base, None)
+        idle = self._idle.pop(base, None)
+        if idle is not None:
+            idle.retired = True
+            _close_all(idle)
+
     def close(self) -> None:
         for idle in self._idle.values():
-            for connection in list(idle):
-                connection.close()
-            idle.clear()
+            _close_all(idle)
+
+
+def _close_all(idle: Idle) -> None:
+    for connection in list(idle):
+        connection.close()
+    idle.clear()

@@ -112,6 +112,7 @@ class BackendPool:
     def remove(self, url: str) -> None:
         """The server leaves: its rollouts move to others on their next call (calls in flight finish)."""
         if self.servers.pop(url, None) is not None:
+            self._calls.forget(url)
             log.info("backend %s removed", url)
 
     # -- calls ----------------------------------------------------------------------------------------------
@@ -207,15 +208,17 @@ class BackendPool:
             self.ejected(server)
 
     async def _post(self, base: str, path: str, body: bytes) -> Connection:
-        """POST, once more if the server closed the connection before answering. The usual cause is a pooled
-        idle connection the server closed just as it was reused (the request never got through). The second
-        attempt is made on a new connection, which a server that really went away refuses: it may have died
-        with the call at work, so the call fails (ServerLost) rather than moving to another server, whether
-        the kill reached the client as a close or a reset."""
+        """POST, once more if the server closed a reused connection before answering. The usual cause is a
+        pooled idle connection the server closed just as it was reused (the request never got through); one
+        closed on a new connection was read by a server that may have begun the work, which is not run twice.
+        The second attempt is made on a new connection, which a server that really went away refuses: it may
+        have died with the call at work, so the call fails (ServerLost) rather than moving to another server,
+        whether the kill reached the client as a close or a reset."""
         try:
             return await self._calls.post(base, path, body)
-        except Disconnected:
-            pass
+        except Disconnected as exc:
+            if not exc.retry:
+                raise
         try:
             return await self._calls.post(base, path, body, fresh=True)
         except ConnectFailed as exc:

@@ -19,6 +19,7 @@ from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure
 from testbed.process import free_port
 
+from support import until
 from support.raw_http import ANSWER, Counted, Handler, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
 
 pytestmark = pytest.mark.anyio
@@ -99,6 +100,48 @@ async def test_an_idle_connection_the_server_closed_is_retried_on_the_same_serve
 
     assert counted.connections == 2
     assert (pool.servers[url].healthy, pool.servers[url].errors, routed.repinned_from) == (True, 0, None)
+
+
+async def test_a_call_whose_new_connection_closes_after_the_request_went_out_is_not_sent_again(
+    serve, pool_of
+):
+    requests: list[bytes] = []
+
+    async def reads_then_drops(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server
+    ) -> None:
+        requests.append(await read_request(reader))  # the generation may have begun: it must not run twice
+        writer.close()
+
+    url = await serve(reads_then_drops)
+    pool = pool_of(url)
+    with pytest.raises(BackendFailure) as failed:
+        await pool.send("r", "/v1/chat/completions", b"{}")
+
+    assert (failed.value.kind, len(requests)) == ("failed", 1)
+    assert str(failed.value) == f"backend {url} failed: connection closed before the reply"
+    assert (pool.servers[url].healthy, pool.servers[url].in_flight) == (True, 0)
+
+
+async def test_a_removed_servers_connections_are_closed_idle_ones_at_once_busy_ones_when_their_call_ends(
+    serve, pool_of
+):
+    closed: list[bool] = []
+
+    async def answers_then_notes_the_close(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
+    ) -> None:
+        await answers(reader, writer, server)
+        closed.append(True)
+
+    url = await serve(answers_then_notes_the_close)
+    pool = pool_of(url)
+    idle, busy = await asyncio.gather(*(pool.send(f"r{i}", "/v1/completions", b"{}") for i in range(2)))
+    assert await idle.reply.body() == b"{}"  # its connection idle again, the other still out
+    pool.remove(url)
+    await until(lambda: len(closed) == 1, "the idle connection closed")
+    assert await busy.reply.body() == b"{}"
+    await until(lambda: len(closed) == 2, "the busy connection closed once its call ended")
 
 
 UNANSWERED = 0.2

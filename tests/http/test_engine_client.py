@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
+import time
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +19,15 @@ from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure, BackendReply, BackendStreamError
 
 from support import until
-from support.raw_http import ANSWER, Counted, Serve, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
+from support.raw_http import (  # noqa: F401 (both_loops: both loops)
+    ANSWER,
+    Counted,
+    Serve,
+    answers,
+    both_loops,
+    read_request,
+    self_signed,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -42,6 +53,26 @@ def pool_for(url: str, api_key: str | None = None) -> BackendPool:
     return BackendPool(
         [url], timeout=60, connect_timeout=60, max_connections=4, max_queued=16, api_key=api_key
     )
+
+
+@pytest.fixture
+def trusted_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ssl.SSLContext:
+    """A TLS server's context whose certificate the client trusts, as an operator's would be."""
+    context, certificate = self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate))
+    return context
+
+
+def numbered(call: int) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n%d" % call
+
+
+async def round_trip(url: str) -> None:
+    """A call on a connection of its own: by its end, this event loop has read what its other connections
+    had waiting in the kernel."""
+    other = client()
+    assert await BackendReply(await other.post(url, "/v1/completions", b"{}")).body() == b"{}"
+    other.close()
 
 
 async def read_all(connection: Connection) -> list[bytes]:
@@ -358,3 +389,116 @@ async def test_calls_name_the_servers_path_prefix_its_host_and_the_gateways_own_
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
         b"content-length: 2\r\nauthorization: Bearer k\r\n\r\n{}" % host,
     ]
+
+
+async def test_an_interim_103_is_skipped_and_the_call_gets_its_own_final_reply_not_the_next_calls(
+    serve: Serve,
+):
+    hinted, go_on = asyncio.Event(), asyncio.Event()
+
+    async def hints_first(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server
+    ) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n")
+        hinted.set()
+        await go_on.wait()  # the final reply in a later read than the interim one
+        writer.write(numbered(0))
+        await read_request(reader)
+        writer.write(numbered(1))
+        await reader.read()
+
+    counted = Counted(hints_first)
+    url = await serve(counted)
+    engine = client()
+    first = asyncio.create_task(engine.post(url, "/v1/completions", b"{}"))
+    await hinted.wait()
+    await round_trip(await serve(answers))  # the 103 read by the client meanwhile
+    go_on.set()
+    connection = await first
+    status = connection.status
+    bodies = [await BackendReply(connection).body()]
+    bodies.append(await BackendReply(await engine.post(url, "/v1/completions", b"{}")).body())
+    engine.close()
+
+    assert (status, bodies, counted.connections) == (200, [b"0", b"1"], 1)
+
+
+async def test_a_101_switching_protocols_fails_its_call_and_closes_the_connection(serve: Serve):
+    closed = asyncio.Event()
+
+    async def upgrades(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n\0\0")
+        assert await reader.read() == b""  # the client closed the connection
+        closed.set()
+
+    loop_errors: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda _, context: loop_errors.append(context["message"])
+    )
+    url = await serve(upgrades)
+    pool = pool_for(url)
+    try:
+        with pytest.raises(BackendFailure) as failed:
+            await pool.send("r", "/v1/chat/completions", b"{}")
+        await closed.wait()
+    finally:
+        await pool.close()
+        asyncio.get_running_loop().set_exception_handler(None)
+
+    assert (failed.value.kind, str(failed.value)) == (
+        "failed",
+        f"backend {url} failed: the server switched protocols (101), which no call asks for",
+    )
+    assert (loop_errors, pool.servers[url].in_flight) == ([], 0)
+
+
+async def test_a_stream_let_go_while_reading_was_stopped_serves_the_next_call_over_tls(
+    serve: Serve, trusted_tls: ssl.SSLContext
+):
+    # Reading stops past the high-water mark; TLS goes on taking what the network brings, and hands it all
+    # over at once when reading resumes (the stream let go): one read of more than the high-water mark, here
+    # bringing the stream's end. Over plain TCP no read is that large.
+    stream = STREAM_HEAD + chunk(b"data: %s\n\n" % (b"x" * 700_000)) + chunk(EVENTS[-1]) + END
+    parts = [stream[:300_000], stream[300_000:500_000], stream[500_000:]]
+    other = await serve(answers)
+    written: list[asyncio.StreamWriter] = []
+
+    async def streams_in_parts_then_answers(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
+    ) -> None:
+        if not written:
+            await read_request(reader)
+            written.append(writer)
+            for part in parts:  # each in the client's hands before the next: the reads split as planned
+                writer.write(part)
+                await writer.drain()
+                await until(lambda: writer.transport.get_write_buffer_size() == 0, "the part sent")
+                await round_trip(other)
+            sent.set()
+        await answers(reader, writer, server)
+
+    sent = asyncio.Event()
+    url = await serve(streams_in_parts_then_answers, tls=trusted_tls)
+    engine = client(read_timeout=10)
+    connection = await engine.post(url, "/v1/chat/completions", b"{}")
+    await sent.wait()
+    BackendReply(connection).ended()
+    await until(lambda: connection.idle_since > 0, "the connection back among the idle ones")
+    again = await BackendReply(await engine.post(url, "/v1/chat/completions", b"{}")).body()
+    engine.close()
+
+    assert again == b"{}"
+
+
+async def test_the_keepalive_time_of_a_connection_counts_from_its_replys_end_not_from_its_callers_release(
+    serve: Serve,
+):
+    engine = client()
+    connection = await engine.post(await serve(answers), "/v1/completions", b"{}")  # the whole reply at once
+    ended_by = time.monotonic()
+    BackendReply(connection).close()
+    engine.close()
+
+    assert 0 < connection.idle_since <= ended_by
