@@ -110,7 +110,8 @@ class BackendPool:
         return server
 
     def remove(self, url: str) -> None:
-        """The server leaves: its rollouts move to others on their next call (calls in flight finish)."""
+        """The server leaves: its rollouts move to others on their next call (calls in flight finish). Its
+        idle connections are closed at once, the others as their calls end."""
         if self.servers.pop(url, None) is not None:
             self._calls.forget(url)
             log.info("backend %s removed", url)

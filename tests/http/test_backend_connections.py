@@ -1,7 +1,8 @@
 """How the pool's calls meet a server's connections (`gateway.fleet.pool`): an idle kept-alive connection the
-server closed is retried on the same server; a server that dies with a call at work fails that call (it is
-never re-run elsewhere, whether the kill reaches the gateway as a close or a reset) and is ejected (at once,
-or by the next call that finds it gone), and the rollout's next call moves. A server too busy to accept a
+server closed is retried on the same server, but a request a server read on a new connection is never sent
+again; a server that dies with a call at work fails that call (it is never re-run elsewhere, whether the kill
+reaches the gateway as a close or a reset) and is ejected (at once, or by the next call that finds it gone),
+and the rollout's next call moves. A removed server's connections are closed. A server too busy to accept a
 connection stays: its call is refused for the client to retry, and health checks that time out eject it only
 if another server serves its models. The servers are raw sockets, to die at an exact point of the exchange,
 or to accept no connection at all; each test runs on asyncio's own loop and on uvloop (the server's)."""

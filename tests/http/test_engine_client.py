@@ -1,8 +1,9 @@
 """The turn path's HTTP/1.1 client (`gateway.fleet.http1`) against raw-socket servers: a reply's body comes
 back exactly as sent, its chunked framing stripped, however the network splits it; connections are kept
-alive and reused, let go at a stream's end even before its framing's end arrives; what breaks off, stays
-silent or is not HTTP is an error the pool maps, never a hang. Each test runs on asyncio's loop and on
-uvloop."""
+alive and reused, let go at a stream's end even before its framing's end arrives, and never go back idle with
+their reading stopped (over TLS too); an interim 1xx reply is skipped for the final one, so no call reads
+another's reply; what breaks off, stays silent, switches protocols or is not HTTP is an error the pool maps,
+never a hang. Each test runs on asyncio's loop and on uvloop."""
 
 from __future__ import annotations
 
