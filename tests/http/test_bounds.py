@@ -190,3 +190,21 @@ async def test_engine_ids_that_do_not_fit_are_not_stored_wrapped(gw):
         [],
         "ok",
     )
+
+
+async def test_a_call_refused_by_the_context_limit_stores_its_prompt_ids_at_the_edge(start):
+    gw = await start(max_context_tokens=2)
+    await gw.client.post("/rollouts", json={"rollout_id": "r1"})
+
+    answer = await gw.client.post(
+        "/rollouts/r1/v1/completions", json={"model": "tiny", "prompt": [TOP_ID, 0], "max_tokens": 4}
+    )
+
+    assert_openai_error(answer, 400, "context_length_exceeded")
+    assert gw.engine.requests == []
+    turn = (await gw.rollout("r1"))["turns"][0]
+    assert (turn["status"], turn["prompt_token_ids"], turn["completion_token_ids"]) == (
+        "refused",
+        [TOP_ID, 0],
+        [],
+    )
