@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway import logs, telemetry
 
 log = logging.getLogger("gateway.access")
-log.addFilter(logs.QuietProbes())  # the setting's default, also where no command line configured logging
+log.addFilter(logs.QuietProbes())
 
 _ROLLOUT = re.compile(r"^/rollouts/([^/]+)")
 

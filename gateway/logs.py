@@ -31,6 +31,7 @@ rollout: ContextVar[str | None] = ContextVar("rollout", default=None)
 """The rollout of the call this task serves (set once per call, by the access log's middleware): every line
 logged on that call's path says which rollout it was for, without each call site passing it."""
 _replica: str | None = None
+_probes_logged = False
 
 
 def name_replica(process_id: str) -> None:
@@ -67,10 +68,10 @@ class JsonFormatter(logging.Formatter):
 
 
 class QuietProbes(logging.Filter):
-    """Drops the access log's lines for the probes and scrapes (`PROBES`)."""
+    """Drops the access log's lines for the probes and scrapes (`PROBES`), unless `--access-log-probes`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return getattr(record, "path", None) not in PROBES
+        return _probes_logged or getattr(record, "path", None) not in PROBES
 
 
 def configure_logging(settings: Settings) -> None:
@@ -93,12 +94,10 @@ def configure_logging(settings: Settings) -> None:
 
 
 def configure_access_log(settings: Settings) -> None:
-    """Whether the access log writes the probes' lines (`--access-log-probes`)."""
-    access = logging.getLogger("gateway.access")
-    for quiet in [f for f in access.filters if isinstance(f, QuietProbes)]:
-        access.removeFilter(quiet)
-    if not settings.access_log_probes:
-        access.addFilter(QuietProbes())
+    """Whether the access log writes the probes' lines (`--access-log-probes`): a flag the access log's
+    filter reads, as the command line configures logging before the access log's module is imported."""
+    global _probes_logged
+    _probes_logged = settings.access_log_probes
 
 
 def _uvicorn_to_root() -> None:

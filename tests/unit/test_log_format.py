@@ -109,6 +109,24 @@ def test_probes_and_scrapes_are_dropped_by_the_access_logs_filter(path):
     assert QuietProbes().filter(record) is False
 
 
+PROBES_LOGGED = """
+import logging
+from gateway.logs import configure_logging
+from gateway.settings import Settings
+configure_logging(Settings(access_log_probes=True))
+from gateway.access_log import log  # imported after logging is configured, as the command line does
+log.info("GET /healthz 200 0.4 ms", extra={"path": "/healthz"})
+log.info("GET /metrics 200 2.0 ms", extra={"path": "/metrics"})
+"""
+
+
+def test_access_log_probes_set_before_the_access_log_is_imported_logs_them():
+    assert [line.split(": ", 1)[1] for line in python(PROBES_LOGGED).splitlines()] == [
+        "GET /healthz 200 0.4 ms",
+        "GET /metrics 200 2.0 ms",
+    ]
+
+
 def test_any_other_path_passes_the_access_logs_filter():
     record = logging.LogRecord("gateway.access", logging.INFO, __file__, 1, "GET /healthz/", (), None)
     record.path = "/healthz/"
@@ -135,9 +153,10 @@ logging.getLogger("gateway.app").info("gateway started")
 """
 
 
-def test_uvicorns_own_lines_are_json_too_and_its_access_log_stays_off():
+def python(code: str) -> str:
+    """What `code` writes to standard error, run in a process of its own (logging's set-up is global)."""
     done = subprocess.run(
-        [sys.executable, "-c", UVICORN],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -145,9 +164,14 @@ def test_uvicorns_own_lines_are_json_too_and_its_access_log_stays_off():
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         check=True,
     )
-
     assert done.stdout == ""
-    assert [(line["logger"], line["message"]) for line in map(orjson.loads, done.stderr.splitlines())] == [
+    return done.stderr
+
+
+def test_uvicorns_own_lines_are_json_too_and_its_access_log_stays_off():
+    stderr = python(UVICORN)
+
+    assert [(line["logger"], line["message"]) for line in map(orjson.loads, stderr.splitlines())] == [
         ("uvicorn.error", "Started server process [1]"),
         ("gateway.app", "gateway started"),
     ]
