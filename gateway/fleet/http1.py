@@ -11,6 +11,7 @@ other calls (health checks, pause, weights) stay on aiohttp (`pool.py`).
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from typing import cast
 from urllib.parse import urlsplit
@@ -58,25 +59,50 @@ class Idle(list["Connection"]):
     """The server left the fleet: a connection of its still out on a call is closed when the call ends."""
 
 
+class State(enum.Enum):
+    """Where a connection is in its life. Only IDLE connections are in their server's idle list, and only
+    `_go_idle` makes one IDLE: reading its socket, nothing held, nothing of its last reply left."""
+
+    NEW = "new"
+    """Connected; nothing asked yet."""
+    AWAITING_HEAD = "awaiting head"
+    """A request sent (written whole at once: there is no state of a request half sent), its reply's final
+    head not yet arrived (interim 1xx replies are skipped)."""
+    READING_BODY = "reading body"
+    ENDED = "ended"
+    """The reply has all arrived; its caller has not let go of it yet."""
+    DRAINING = "draining"
+    """Let go before the reply's end arrived (a stream's framing after its [DONE]): idle once it does."""
+    IDLE = "idle"
+    CLOSED = "closed"
+    """Closed by either side, or going to be: never used again."""
+
+
+_REPLYING = (State.AWAITING_HEAD, State.READING_BODY, State.DRAINING)
+"""A reply is on its way: the connection closing now breaks it."""
+
+
 class Connection(asyncio.Protocol):
-    """One connection to a server, one exchange at a time. `read` hands over the body bytes that have arrived
-    since the last read; `release` gives the connection back once its reply has ended."""
+    """One connection to a server, one exchange at a time (`State`). `read` hands over the body bytes that
+    have arrived since the last read; `release` gives the connection back once its reply has ended."""
 
     def __init__(self, idle: Idle, read_timeout: float, keepalive: float) -> None:
         self._idle = idle
         """Its server's idle connections, which it joins when an exchange ends cleanly."""
         self._read_timeout = read_timeout
         self._keepalive = keepalive
+        self.state = State.NEW
         self._transport: asyncio.Transport | None = None
         self._pieces: list[bytes] = []
         self.on_body = self._pieces.append
         """httptools' body callback: a builtin method, so a chunk costs no Python call."""
         self._parser: httptools.HttpResponseParser | None = None
+        """Set while a reply is expected or held: a read with none is a server talking out of turn."""
         self._waiter: asyncio.Future[None] | None = None
         self._buffered = 0
         self._paused = False
+        """Reading stopped (more than the high-water mark held): orthogonal to the state, except IDLE."""
         self._framed = False
-        self._complete = False
         self._keep_alive = False
         self._draining: asyncio.TimerHandle | None = None
         self._error: Exception | None = None
@@ -86,7 +112,6 @@ class Connection(asyncio.Protocol):
         """The reply's status; 0 until its head has arrived (an interim 1xx reply's is never kept)."""
         self.idle_since = 0.0
         """When its last reply ended: the server's keep-alive time counts from then."""
-        self.lost = False
 
     # -- the protocol's events ------------------------------------------------------------------------------
 
@@ -97,8 +122,8 @@ class Connection(asyncio.Protocol):
         if self._parser is None:  # nothing was asked: a server talking out of turn is not to be trusted
             self.close()
             return
-        # Counted before the parser takes it: a reply that ends in this read and goes back to the idle
-        # connections leaves its count at 0 (`_idle_again`), so an idle connection is never left paused.
+        # Counted before the parser takes it: a reply that ends in this read and goes idle (`_go_idle`)
+        # leaves its count at 0, so an idle connection is never left with its reading stopped.
         self._buffered += len(data)
         try:
             self._parser.feed_data(data)
@@ -116,21 +141,19 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
+        was, self.state = self.state, State.CLOSED
+        self._parser = None
+        self._cancel_draining()
         if self in self._idle:
             self._idle.remove(self)
-        if self._draining is not None:
-            self._draining.cancel()
-            self._draining = None
-        if self._parser is None or self._complete:
+        if was not in _REPLYING:
             return
         why = f": {exc}" if exc is not None else ""
-        if not self.status:
+        if was is State.AWAITING_HEAD:
             self._fail(Disconnected(f"connection closed before the reply{why}", retry=self._reused))
         elif self._framed or exc is not None:
             self._fail(BrokenReply(f"connection closed mid-reply{why}"))
-        else:  # a body that runs to the close of the connection
-            self._complete = True
+        else:  # a body that runs to the close of the connection: it has ended
             self._wake()
 
     # -- httptools' callbacks -------------------------------------------------------------------------------
@@ -144,20 +167,20 @@ class Connection(asyncio.Protocol):
         status = self._parser.get_status_code()
         if status >= 200:  # not an interim reply (103 Early Hints, 100 Continue): the final one follows
             self.status = status
+            self.state = State.READING_BODY
 
     def on_message_complete(self) -> None:
         assert self._parser is not None
-        if not self.status:  # an interim reply's end: the parser goes on to the final one
+        if self.state is State.AWAITING_HEAD:  # an interim reply's end: the parser goes on to the final one
             self._framed = False
             return
-        self._complete = True
         self._ended_at = time.monotonic()
         self._keep_alive = self._parser.should_keep_alive()  # llhttp forgets it once the message is over
-        if self._draining is not None:
-            self._draining.cancel()
-            self._draining = None
-            self._pieces.clear()
-            self._idle_again()
+        if self.state is State.DRAINING:
+            self._cancel_draining()
+            self._go_idle()
+        else:
+            self.state = State.ENDED
         self._wake()
 
     # -- one exchange ---------------------------------------------------------------------------------------
@@ -166,12 +189,13 @@ class Connection(asyncio.Protocol):
         """Send a request; its reply's status, once its head has arrived."""
         if not self.open:  # closed by the server between its connect (or its last reply) and now
             raise Disconnected("connection closed before the request", retry=True)
-        assert self._transport is not None
+        assert self._transport is not None and self.state in (State.NEW, State.IDLE)
         self._parser = httptools.HttpResponseParser(self)
-        self._complete = self._framed = self._keep_alive = False
+        self._framed = self._keep_alive = False
         self._error = None
         self.status = 0
         self._buffered = 0
+        self.state = State.AWAITING_HEAD
         self._transport.writelines((request, body))
         while not self.status:
             await self._wait()
@@ -180,7 +204,8 @@ class Connection(asyncio.Protocol):
     async def read(self) -> bytes:
         """The body bytes that arrived since the last read, once some have; b"" at the reply's end."""
         while not self._pieces:
-            if self._complete:
+            # Its end read, or the close that ends a body without framing.
+            if self.state is State.ENDED or (self.state is State.CLOSED and self._error is None):
                 return b""
             await self._wait()
         pieces = self._pieces
@@ -199,8 +224,8 @@ class Connection(asyncio.Protocol):
     def release(self) -> None:
         """The caller is done: back to the idle connections if the reply has ended; dropped otherwise, which
         tells vLLM to abort the request."""
-        if self._complete and self._error is None:
-            self._idle_again()
+        if self.state is State.ENDED and self._error is None:
+            self._go_idle()
         else:
             self.close()
 
@@ -208,9 +233,10 @@ class Connection(asyncio.Protocol):
         """The caller has all it wants of a reply whose last bytes (the chunked body's end) may still be on
         their way: the connection goes back to the idle ones when they arrive, and is dropped if they do not
         within the keep-alive time."""
-        if self._complete or self._error is not None or self.lost:
+        if self.state is not State.READING_BODY or self._error is not None:
             self.release()
             return
+        self.state = State.DRAINING
         self._pieces.clear()
         self._resume()
         loop = asyncio.get_running_loop()
@@ -218,13 +244,18 @@ class Connection(asyncio.Protocol):
 
     @property
     def open(self) -> bool:
-        return not self.lost and self._transport is not None and not self._transport.is_closing()
+        return (
+            self.state is not State.CLOSED
+            and self._transport is not None
+            and not self._transport.is_closing()
+        )
 
     def close(self) -> None:
-        if self._draining is not None:
-            self._draining.cancel()
-            self._draining = None
+        self._cancel_draining()
         self._parser = None
+        if self.state in _REPLYING and self._error is None:  # not to be taken for a body run to the close
+            self._fail(BrokenReply("connection closed by the gateway mid-reply"))
+        self.state = State.CLOSED
         if self._transport is not None:
             self._transport.close()
 
@@ -264,8 +295,14 @@ class Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
 
-    def _idle_again(self) -> None:
-        if self.lost or not self._keep_alive or self._idle.retired:
+    def _cancel_draining(self) -> None:
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+
+    def _go_idle(self) -> None:
+        """The only way to IDLE: the reply over, its connection reading again with nothing held, or closed."""
+        if self.state is State.CLOSED or not self._keep_alive or self._idle.retired:
             self.close()
             return
         self._parser = None
@@ -273,6 +310,7 @@ class Connection(asyncio.Protocol):
         self._resume()
         self.idle_since = self._ended_at
         self._reused = True
+        self.state = State.IDLE
         self._idle.append(self)
 
 
