@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 
 from gateway import __version__
-from gateway.access_log import AccessLog
+from gateway.access_log import AccessLog, CallContext
 from gateway.admin.context import AdminContext
 from gateway.admin.router import router as admin_router
 from gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
@@ -157,8 +157,9 @@ def create_app(
         ],
     )
     install_docs(app)
-    if settings.access_log:
-        app.add_middleware(AccessLog)
+    app.add_middleware(
+        AccessLog if settings.access_log else CallContext
+    )  # CallContext: a call's rollout and trace
     return app
 
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.engine import make_url
 
+from gateway import logs
 from gateway.fleet.pool import BackendPool
 from gateway.metrics import Metrics, samples
 from gateway.replicas.apply import adopt, held_by
@@ -85,6 +86,7 @@ class Replica:
             "pid": os.getpid(),
             "port": settings.port,
         }
+        logs.name_replica(self.process_id)  # every log line of this process says which replica wrote it
         self.held = held_by(backends, traffic, recorder)
         self.leads = not self.shared
         """Whether this process checks the servers' health for the gateway (one process does)."""

@@ -117,6 +117,7 @@ async def test_a_json_access_line_has_the_call_as_fields(gw, caplog):
         "logger": "gateway.access",
         "message": f"POST /rollouts/r4/v1/chat/completions 200 {line['duration_ms']:.1f} ms rollout=r4",
         "pid": record.process,
+        "replica": gw.app.state.admin.replica.process_id,
         "rollout": "r4",
         "method": "POST",
         "path": "/rollouts/r4/v1/chat/completions",

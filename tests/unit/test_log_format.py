@@ -35,7 +35,7 @@ def lines() -> Iterator[tuple[logging.Logger, io.StringIO]]:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
-    before = logs._replica
+    before, logs._replica = logs._replica, None  # as in a process that has not joined the store yet
     yield logger, out
     logs._replica = before
     logger.removeHandler(handler)
