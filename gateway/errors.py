@@ -198,7 +198,7 @@ _ROUTES_HELP = (
     "GET /rollouts/{id}; "
     "admin API: /admin/pause, /admin/resume, /admin/policy_version, /admin/reload_weights, /admin/backends, "
     "/admin/backends/drain, GET /admin/state; "
-    "GET /healthz, /metrics, /openapi.json, /docs"
+    "GET /healthz, /readyz, /metrics, /openapi.json, /docs"
 )
 
 
