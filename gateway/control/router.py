@@ -3,10 +3,6 @@ when one is set); liveness, readiness and metrics (open)."""
 
 from __future__ import annotations
 
-import asyncio
-from functools import cache
-
-from alembic.script import ScriptDirectory
 from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
@@ -15,11 +11,9 @@ from gateway import __version__
 from gateway.auth import key_hash, new_rollout_key, require_control
 from gateway.control.context import ControlContext, control_context
 from gateway.control.protocol import (
-    BackendsHealth,
     CreateRolloutRequest,
     FinishRequest,
     Health,
-    ModelHealth,
     Readiness,
     RewardRecorded,
     RewardRequest,
@@ -27,14 +21,12 @@ from gateway.control.protocol import (
     RolloutFinished,
     RolloutLimits,
     RolloutView,
-    ServerHealth,
 )
+from gateway.control.readiness import backends_health, store_reasons
 from gateway.encoding import JsonResponse
 from gateway.errors import ApiError, error_responses
-from gateway.fleet.servers import Server
 from gateway.ids import check_rollout_id, new_id
 from gateway.metrics import exposition_with
-from gateway.store.database import alembic_config, current_revision
 from gateway.store.records import Limits, NewRollout, Reward
 
 router = APIRouter(
@@ -179,66 +171,6 @@ async def readyz(response: Response, control: ControlContext = Depends(control_c
         backends=backends_health(list(control.backends.servers.values())),
         policy_version=control.recorder.policy_version,
         version=__version__,
-    )
-
-
-async def store_reasons(control: ControlContext) -> list[str]:
-    """The store as the agent path sees it: on PostgreSQL, the heartbeats that keep agent calls admitted
-    (without them calls are refused, 503 `store_unavailable`); then, on either store, a read through the
-    engine the calls use, which also tells the schema's revision."""
-    replica = control.replica
-    if not replica.confirmed():
-        return [
-            f"store unreachable: no heartbeat went through in {replica.timeout / 2:g} s "
-            "(half of --process-timeout): agent calls are refused"
-        ]
-    try:
-        revision = await asyncio.to_thread(current_revision, control.store.engine)
-    except Exception as exc:  # whatever the driver raises, the store did not answer
-        return [f"store unreachable: {cause(exc)}"]
-    return schema_reasons(revision)
-
-
-def cause(exc: Exception) -> str:
-    """The driver's reason in one line (SQLAlchemy wraps it in `orig`)."""
-    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
-def schema_reasons(revision: str | None) -> list[str]:
-    """An empty or older schema is a reason; a newer one is not (a rolling upgrade migrates first, and the
-    processes of the previous release keep serving on it)."""
-    head, known = revisions()
-    if revision == head or (revision is not None and revision not in known):
-        return []
-    found = "empty" if revision is None else f"at revision {revision}"
-    return [f"schema older than this gateway needs: the database is {found}, it needs {head}"]
-
-
-@cache
-def revisions() -> tuple[str, frozenset[str]]:
-    """This gateway's head revision, and every revision its migrations know (read once: they ship with it)."""
-    scripts = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    return scripts.get_current_head() or "", frozenset(script.revision for script in scripts.walk_revisions())
-
-
-def backends_health(servers: list[Server]) -> BackendsHealth:
-    models: dict[str, ModelHealth] = {}
-    for server in servers:
-        for model in sorted(server.models):
-            counts = models.setdefault(model, ModelHealth(healthy=0, total=0))
-            counts.total += 1
-            counts.healthy += server.healthy
-    return BackendsHealth(
-        healthy=sum(server.healthy for server in servers),
-        total=len(servers),
-        models=models,
-        servers={
-            server.url: ServerHealth(
-                healthy=server.healthy, draining=server.draining, models=sorted(server.models)
-            )
-            for server in servers
-        },
     )
 
 
