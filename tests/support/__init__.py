@@ -217,9 +217,19 @@ def sent_back(message: Any) -> dict[str, Any]:
     return {"role": "assistant", "content": message.content}
 
 
+METRIC_SUFFIXES = ("", "_total", "_count", "_sum", "_bucket", "_created")
+"""What Prometheus appends to a family's name in its samples (counters, histograms)."""
+
+
 def metric(gateway: Any, sample: str) -> float:
-    """One sample of the gateway's /metrics, named with its labels as Prometheus writes them; 0 if absent."""
+    """One sample of the gateway's /metrics, named with its labels as Prometheus writes them; 0 if its family
+    is there without that sample yet (labels appear with their first value). A family the gateway does not
+    export fails the test at once: a renamed metric must not wait out the deadline or pass as 0."""
     lines = httpx.get(f"{gateway.url}/metrics", timeout=TIMEOUT).text.splitlines()
+    name = sample.partition("{")[0]
+    families = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
+    exported = any(name.removesuffix(end) in families for end in METRIC_SUFFIXES if name.endswith(end))
+    assert exported, f"/metrics exports no {name}"
     found = next((line for line in lines if line.startswith(sample + " ")), None)
     return float(found.rpartition(" ")[2]) if found is not None else 0.0
 
