@@ -133,9 +133,13 @@ def test_a_two_turn_rollout_of_cut_replies_reaches_trl_as_one_sequence_with_the_
     async def agent(prompt: str, rollout: Rollout) -> float:
         messages: list[Any] = [{"role": "user", "content": prompt}]
         async with async_agent(rollout.base_url, rollout.api_key) as client:
-            for follow_up in ("More.", None):
+            for turn, follow_up in enumerate(("More.", None)):
                 reply = await client.chat.completions.create(  # cut at 4 tokens, never ended sooner
-                    model="tiny", messages=messages, max_tokens=4, extra_body={"min_tokens": 4}
+                    model="tiny",
+                    messages=messages,
+                    max_tokens=4,
+                    seed=turn,  # the same replies every run (unseeded, one run made two chains of them)
+                    extra_body={"min_tokens": 4},
                 )
                 messages.append({"role": "assistant", "content": reply.choices[0].message.content})
                 if follow_up:
