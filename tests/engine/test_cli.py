@@ -17,13 +17,15 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.settings import Settings
 
+from support import TIMEOUT
 from support.fake_engine import URL, FakeEngine, chat_reply
 
 pytestmark = pytest.mark.engine  # each case starts a command line as a process (trainer-client loads torch)
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+    command = [sys.executable, "-m", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
 
 
 UNRESOLVED = (

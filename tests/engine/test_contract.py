@@ -111,7 +111,7 @@ def test_fuzzed_requests_get_no_server_error_and_only_documented_answers(fuzzed,
         )
         def fuzz(case) -> None:
             _bounded(case)
-            _checked(case.call(timeout=120), case)
+            _checked(case.call(timeout=TIMEOUT), case)
 
         fuzz()
 

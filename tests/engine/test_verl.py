@@ -13,6 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from support import TIMEOUT
 from support.examples import EXAMPLES, play_environment, rollouts_of
 
 
@@ -34,7 +35,7 @@ def test_verl_takes_claimed_groups_as_its_data_proto_and_agent_loop_outputs_with
     width = max(len(t[0]["prompt_token_ids"]) for t in turns.values()) + 2  # two ids of left padding at least
 
     example = [str(EXAMPLES / "verl_batch.py"), "--db", db_url, "--prompt-length", str(width), "--json"]
-    ran = subprocess.run([verl_python(), *example], capture_output=True, text=True, timeout=300)
+    ran = subprocess.run([verl_python(), *example], capture_output=True, text=True, timeout=TIMEOUT)
     assert ran.returncode == 0, ran.stderr[-3000:]
     seen = json.loads(ran.stdout)
 

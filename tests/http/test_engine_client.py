@@ -19,7 +19,7 @@ from gateway.fleet.http1 import Connection, Http1Client, ReplyTimeout
 from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure, BackendReply, BackendStreamError
 
-from support import until
+from support import TIMEOUT, until
 from support.raw_http import (  # noqa: F401 (both_loops: both loops)
     ANSWER,
     Counted,
@@ -482,7 +482,7 @@ async def test_a_stream_let_go_while_reading_was_stopped_serves_the_next_call_ov
 
     sent = asyncio.Event()
     url = await serve(streams_in_parts_then_answers, tls=trusted_tls)
-    engine = client(read_timeout=10)
+    engine = client(read_timeout=TIMEOUT)
     connection = await engine.post(url, "/v1/chat/completions", b"{}")
     await sent.wait()
     BackendReply(connection).ended()
