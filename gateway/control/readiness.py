@@ -11,7 +11,7 @@ from alembic.script import ScriptDirectory
 from gateway.control.context import ControlContext
 from gateway.control.protocol import BackendsHealth, ModelHealth, ServerHealth
 from gateway.fleet.servers import Server
-from gateway.store.database import alembic_config, current_revision
+from gateway.store.database import alembic_config, current_revision, driver_cause
 
 
 async def store_reasons(control: ControlContext) -> list[str]:
@@ -27,14 +27,8 @@ async def store_reasons(control: ControlContext) -> list[str]:
     try:
         revision = await asyncio.to_thread(current_revision, control.store.engine)
     except Exception as exc:  # whatever the driver raises, the store did not answer
-        return [f"store unreachable: {cause(exc)}"]
+        return [f"store unreachable: {driver_cause(exc)}"]
     return schema_reasons(revision)
-
-
-def cause(exc: Exception) -> str:
-    """The driver's reason in one line (SQLAlchemy wraps it in `orig`)."""
-    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 def schema_reasons(revision: str | None) -> list[str]:

@@ -81,13 +81,15 @@ def _connect(engine: Engine, url: str) -> Connection:
     try:
         return engine.connect()
     except OperationalError as exc:
-        raise StoreUnreachable(f"cannot reach the store at {display_url(url)}: {_cause(exc)}") from None
+        raise StoreUnreachable(f"cannot reach the store at {display_url(url)}: {driver_cause(exc)}") from None
 
 
-def _cause(exc: OperationalError) -> str:
-    """The driver's reason in one line, less what the message already says (the host and port)."""
-    lines = str(exc.orig).strip().splitlines()
-    cause = lines[0] if lines else type(exc.orig).__name__
+def driver_cause(exc: Exception) -> str:
+    """The driver's reason in one line (SQLAlchemy wraps it in `orig`), less what a message naming the store
+    already says (the host and port)."""
+    reason = getattr(exc, "orig", None) or exc
+    lines = str(reason).strip().splitlines()
+    cause = lines[0] if lines else type(reason).__name__
     cause = cause.removeprefix("connection failed: ")
     cause = re.sub(r'^connection to server at "[^"]*"( \([^)]*\))?, port \d+ failed: ', "", cause)
     cause = re.sub(r"\[Errno -?\d+\] ", "", cause.removeprefix("FATAL:").strip())

@@ -23,18 +23,17 @@ import re
 import shlex
 import subprocess
 import symtable
-import sys
 import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from support import examples
 from support.docs import (
     DOCS_PAGES,
     FENCE,
@@ -282,7 +281,7 @@ def example_problem(script: str, args: list[str]) -> str | None:
     if not path.is_file():
         return f"{script} does not exist"
     try:
-        example = load_example(path)
+        example = examples.example(path.stem)  # as `python examples/NAME.py` imports what is beside it
     except Exception as exc:
         return f"importing {script} fails: {type(exc).__name__}: {exc}"
     build_parser = getattr(example, "build_parser", None)
@@ -291,21 +290,6 @@ def example_problem(script: str, args: list[str]) -> str | None:
     parser = build_parser()
     parser.prog = f"python {script}"
     return parse_problem(parser, args)
-
-
-@functools.cache
-def load_example(path: Path) -> ModuleType:
-    """The example imported as `python examples/NAME.py` runs it: its directory first on the path (an
-    example imports the one beside it)."""
-    spec = importlib.util.spec_from_file_location(f"docs_example_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.parent))
-    return module
 
 
 CURL_DATA = {"-d", "--data", "--data-raw", "--data-binary", "--data-urlencode", "--json", "-F", "--form"}
