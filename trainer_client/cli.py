@@ -515,13 +515,13 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _tail(args: argparse.Namespace) -> int:
     from gateway.store.database import make_engine, require_current_schema
+    from trainer_client.stats import COMPLETE_GROUP
 
     engine = make_engine(args.db)
     require_current_schema(engine)
     query = text(
         "SELECT group_id, rollouts, reward_mean, reward_std, last_finished_at FROM group_stats "
-        "WHERE finished = COALESCE(group_size, rollouts) AND rollouts >= COALESCE(group_size, rollouts) "
-        "AND last_finished_at > :since ORDER BY last_finished_at, group_id"
+        f"WHERE {COMPLETE_GROUP} AND last_finished_at > :since ORDER BY last_finished_at, group_id"
     )
     print(
         f"{'finished at':<20} {'group':<36} {'rollouts':>8} {'reward mean':>12} {'reward std':>11}",

@@ -20,20 +20,21 @@ from sqlalchemy.engine import Connection
 
 WAITING_SHOWN = 20
 """The oldest groups declared with a size and not yet complete that `stats` lists."""
-_COMPLETE = "finished = COALESCE(group_size, rollouts) AND rollouts >= COALESCE(group_size, rollouts)"
-"""A group whose members have all finished, and all been created if it was declared with a size."""
+COMPLETE_GROUP = "finished = COALESCE(group_size, rollouts) AND rollouts >= COALESCE(group_size, rollouts)"
+"""A group whose members have all finished, and all been created if it was declared with a size (`stats`,
+`tail`)."""
 
 QUERIES = {
     "rollouts": "SELECT status, COUNT(*) AS rollouts FROM rollouts GROUP BY status ORDER BY status",
     "groups": f"""
         SELECT COUNT(*) AS groups,
-               SUM(CASE WHEN {_COMPLETE} THEN 1 ELSE 0 END) AS complete,
-               SUM(CASE WHEN {_COMPLETE} THEN 0 ELSE 1 END) AS waiting
+               SUM(CASE WHEN {COMPLETE_GROUP} THEN 1 ELSE 0 END) AS complete,
+               SUM(CASE WHEN {COMPLETE_GROUP} THEN 0 ELSE 1 END) AS waiting
         FROM group_stats
     """,
     "waiting_groups": f"""
         SELECT group_id, group_size, rollouts AS created, finished, first_created_at
-        FROM group_stats WHERE group_size IS NOT NULL AND NOT ({_COMPLETE})
+        FROM group_stats WHERE group_size IS NOT NULL AND NOT ({COMPLETE_GROUP})
         ORDER BY first_created_at, group_id LIMIT {WAITING_SHOWN}
     """,
     "turns": """
