@@ -23,7 +23,7 @@ from gateway.control.router import health_router
 from gateway.control.router import router as control_router
 from gateway.encoding import JsonResponse
 from gateway.errors import install_error_handlers
-from gateway.fleet.collector import FleetCollector
+from gateway.fleet.collector import LoadCollector
 from gateway.fleet.discovery import BackendFile
 from gateway.fleet.pool import BackendPool
 from gateway.metrics import Metrics
@@ -192,8 +192,8 @@ class Started:
 def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) -> Started:
     """Build the gateway's parts and hand each API the ones it uses (`app.state`, read by the routers'
     dependencies)."""
-    metrics, traffic = Metrics(), Traffic(settings.pause_timeout)
-    metrics.registry.register(FleetCollector(lambda: list(backends.servers.values())))
+    metrics, traffic = Metrics(lambda: store.commits), Traffic(settings.pause_timeout)
+    metrics.registry.register(LoadCollector(lambda: list(backends.servers.values())))
     metrics.queued.set_function(lambda: backends.queued)
     backends.waited = metrics.stage["queue"].observe
     spans = TurnSpans(settings.otlp_endpoint) if settings.otlp_endpoint else None
@@ -217,7 +217,6 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
         store,
         backends,
         recorder,
-        metrics,
         replica,
         settings.mode,
         settings.rollout_keys,

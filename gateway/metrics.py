@@ -1,19 +1,30 @@
-"""Prometheus metrics of the gateway, one registry per app."""
+"""Prometheus metrics of the gateway, one registry per app.
+
+A scrape of a host's port reports that port's processes (`gateway serve --workers N`: each worker's samples
+reach the others through the store) and never another host's, so that Prometheus adds hosts up without
+counting anything twice; what every process knows alike (the run state, the fleet, the store's counts) is
+exported by the leading process alone (`gateway.replicas.facts`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, commits: Callable[[], int] = lambda: 0) -> None:
+        """`commits` reads the store's count of committed transactions."""
         self.registry = CollectorRegistry()
+        self.registry.register(
+            Count("gateway_store_commits", "Store transactions committed (turns share them).", commits)
+        )
         self.requests = Counter(
             "gateway_requests",
             "Agent model calls by endpoint and HTTP status.",
@@ -36,11 +47,8 @@ class Metrics:
         self.errors = Counter(
             "gateway_errors", "Failed agent model calls by reason.", ["reason"], registry=self.registry
         )
-        self.in_flight = Gauge("gateway_in_flight", "Agent model calls in progress.", registry=self.registry)
-        self.commits = Gauge(
-            "gateway_store_commits",
-            "Store transactions committed (turns share them).",
-            registry=self.registry,
+        self.in_flight = Gauge(
+            "gateway_calls_in_flight", "Agent model calls in progress.", registry=self.registry
         )
         stages = Histogram(
             "gateway_stage_seconds",
@@ -102,42 +110,55 @@ STAGES = ("admission", "queue", "render", "upstream", "relay", "commit")
 LAG_INTERVAL = 0.25
 """Seconds between two measures of the event loop's lag."""
 
-Samples = dict[str, list[tuple[str, dict[str, str], float]]]
-"""A registry's samples by metric family: (sample name, labels, value)."""
+Samples = dict[str, tuple[str, str, list[tuple[str, dict[str, str], float]]]]
+"""A registry's metric families by name: (type, help, samples as (sample name, labels, value))."""
 
-_FLEET_FACTS = (
-    "gateway_backend_healthy",
-    "gateway_backend_draining",
-    "gateway_backend_pinned_rollouts",
-    "gateway_backend_prefix_cache_hit_rate",
-)
-"""Gauges every gateway process holds alike (rollouts pinned are the store's count): taken from one, not added
-up."""
+
+class Count(Collector):
+    """A count kept elsewhere as a plain integer, exported as a counter: the hot path increments one number,
+    not two."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], int]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self._name, self._documentation, value=self._read())
 
 
 def samples(registry: CollectorRegistry) -> Samples:
     return {
-        family.name: [(s.name, s.labels, s.value) for s in family.samples] for family in registry.collect()
+        family.name: (
+            family.type,
+            family.documentation,
+            [(s.name, s.labels, s.value) for s in family.samples],
+        )
+        for family in registry.collect()
     }
 
 
-def exposition_with(registry: CollectorRegistry, others: list[Samples]) -> bytes:
-    """This process's metrics in Prometheus text with the other gateway processes' added: counts, sums, calls
-    in flight and pinned rollouts add up; the servers' facts and creation times are this process's."""
-    families = []
-    for family in registry.collect():
+def exposition_with(registry: CollectorRegistry, others: list[Samples], once: Collection[str] = ()) -> bytes:
+    """This process's metrics in Prometheus text with other processes' of the same port added: counts, sums
+    and calls in flight add up, creation times are this process's, and the families in `once` (the leader's
+    facts) are taken from the first process that has them, never added."""
+    families, given = [], {family.name: family for family in registry.collect()}
+    for other in others:  # a family only another process exports: the leader's facts
+        for name in other.keys() - given.keys():
+            kind, documentation, _ = other[name]
+            given[name] = Metric(name, documentation, kind)
+    for family in given.values():
         merged: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {
             (s.name, tuple(sorted(s.labels.items()))): s for s in family.samples
         }
-        if family.name not in _FLEET_FACTS:
-            for other in others:
-                for name, labels, value in other.get(family.name, ()):
-                    key = (name, tuple(sorted(labels.items())))
-                    mine = merged.get(key)
-                    if mine is None:
-                        merged[key] = Sample(name, labels, value)
-                    elif not name.endswith("_created"):
-                        merged[key] = mine._replace(value=mine.value + value)
+        for other in others:
+            if family.name in once and merged:
+                break
+            for name, labels, value in other[family.name][2] if family.name in other else ():
+                key = (name, tuple(sorted(labels.items())))
+                mine = merged.get(key)
+                if mine is None:
+                    merged[key] = Sample(name, labels, value)
+                elif not name.endswith("_created"):
+                    merged[key] = mine._replace(value=mine.value + value)
         family.samples = list(merged.values())
         families.append(family)
     return generate_latest(_Collected(families))

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from gateway.fleet.pool import BackendPool
-from gateway.metrics import Metrics
 from gateway.replicas.replica import Replica
 from gateway.store.status import Mode
 from gateway.store.store import Store
@@ -27,7 +26,6 @@ class ControlContext:
     store: Store
     backends: BackendPool
     recorder: Recorder
-    metrics: Metrics
     replica: Replica
     mode: Mode
     """The gateway's --mode, a rollout's unless it chose its own."""

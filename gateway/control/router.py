@@ -4,7 +4,7 @@ when one is set); liveness, readiness and metrics (open)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from gateway import __version__
@@ -26,7 +26,6 @@ from gateway.control.readiness import backends_health, store_reasons
 from gateway.encoding import JsonResponse
 from gateway.errors import ApiError, error_responses
 from gateway.ids import check_rollout_id, new_id
-from gateway.metrics import exposition_with
 from gateway.store.records import Limits, NewRollout, Reward
 
 router = APIRouter(
@@ -181,8 +180,4 @@ async def readyz(response: Response, control: ControlContext = Depends(control_c
 )
 async def metrics(control: ControlContext = Depends(control_context)) -> Response:
     """Prometheus metrics (no secrets: counts, latencies and token totals only)."""
-    control.metrics.commits.set(control.store.commits)
-    if not control.replica.shared:
-        return Response(generate_latest(control.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-    others = [row.metrics for row in (await control.replica.alive())[1:] if row.metrics]
-    return Response(exposition_with(control.metrics.registry, others), media_type=CONTENT_TYPE_LATEST)
+    return Response(await control.replica.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -1,5 +1,10 @@
 """The fleet's servers as Prometheus series, read when scraped: the pool keeps the counts, so routing pays
-nothing for them."""
+nothing for them.
+
+Two kinds: each process's own load on each server (its calls, errors and latency there), which a host's
+processes add up; and the fleet's facts (health, draining, pins, prefix-cache hit ratio, servers per model),
+which every process holds alike and the leading one alone exports (`gateway.replicas.facts`).
+"""
 
 from __future__ import annotations
 
@@ -10,52 +15,74 @@ from prometheus_client.registry import Collector
 
 from gateway.fleet.servers import Server
 
+_BACKEND = ["backend"]
 
-class FleetCollector(Collector):
-    """The fleet as this process sees it, one series per server (`backend` label)."""
+
+class LoadCollector(Collector):
+    """This process's calls on each server (`backend` label)."""
 
     def __init__(self, servers: Callable[[], Iterable[Server]]) -> None:
         self._servers = servers
 
     def collect(self) -> Iterator[Metric]:
-        label = ["backend"]
-        healthy = GaugeMetricFamily(
-            "gateway_backend_healthy", "1 while the server takes calls.", labels=label
-        )
-        draining = GaugeMetricFamily(
-            "gateway_backend_draining", "1 while the server takes no new rollouts.", labels=label
-        )
         in_flight = GaugeMetricFamily(
-            "gateway_backend_in_flight", "Calls in progress on the server.", labels=label
+            "gateway_backend_in_flight", "Calls in progress on the server.", labels=_BACKEND
         )
-        pinned = GaugeMetricFamily(
-            "gateway_backend_pinned_rollouts", "Running rollouts pinned to the server.", labels=label
+        requests = CounterMetricFamily(
+            "gateway_backend_requests", "Calls sent to the server.", labels=_BACKEND
         )
-        requests = CounterMetricFamily("gateway_backend_requests", "Calls sent to the server.", labels=label)
         errors = CounterMetricFamily(
             "gateway_backend_errors",
             "Calls that failed or that the server answered with a 5xx.",
-            labels=label,
+            labels=_BACKEND,
         )
         latency = SummaryMetricFamily(
             "gateway_backend_latency_seconds",
             "Seconds from sending a call to its reply's headers.",
-            labels=label,
-        )
-        hit_rate = GaugeMetricFamily(
-            "gateway_backend_prefix_cache_hit_rate",
-            "The server's own prefix-cache hits over queries since it started (from its /metrics).",
-            labels=label,
+            labels=_BACKEND,
         )
         for server in self._servers():
             url = [server.url]
-            healthy.add_metric(url, float(server.healthy))
-            draining.add_metric(url, float(server.draining))
             in_flight.add_metric(url, server.in_flight)
-            pinned.add_metric(url, server.pinned)
             requests.add_metric(url, server.requests)
             errors.add_metric(url, server.errors)
             latency.add_metric(url, count_value=server.answered, sum_value=server.latency_total)
-            if server.prefix_cache_hit_rate is not None:
-                hit_rate.add_metric(url, server.prefix_cache_hit_rate)
-        yield from (healthy, draining, in_flight, pinned, requests, errors, latency, hit_rate)
+        yield from (in_flight, requests, errors, latency)
+
+
+def fleet_facts(servers: Iterable[Server]) -> list[Metric]:
+    """The servers' state as the run state holds it, and how many of each model's servers take calls."""
+    healthy = GaugeMetricFamily("gateway_backend_healthy", "1 while the server takes calls.", labels=_BACKEND)
+    draining = GaugeMetricFamily(
+        "gateway_backend_draining", "1 while the server takes no new rollouts.", labels=_BACKEND
+    )
+    pinned = GaugeMetricFamily(
+        "gateway_backend_pinned_rollouts", "Running rollouts pinned to the server.", labels=_BACKEND
+    )
+    hit_ratio = GaugeMetricFamily(
+        "gateway_backend_prefix_cache_hit_ratio",
+        "The server's own prefix-cache hits over queries since it started (from its /metrics).",
+        labels=_BACKEND,
+    )
+    model_total = GaugeMetricFamily(
+        "gateway_model_backends", "Servers that serve the model.", labels=["model"]
+    )
+    model_healthy = GaugeMetricFamily(
+        "gateway_model_backends_healthy", "Servers that serve the model and take calls.", labels=["model"]
+    )
+    models: dict[str, list[int]] = {}
+    for server in servers:
+        url = [server.url]
+        healthy.add_metric(url, float(server.healthy))
+        draining.add_metric(url, float(server.draining))
+        pinned.add_metric(url, server.pinned)
+        if server.prefix_cache_hit_rate is not None:
+            hit_ratio.add_metric(url, server.prefix_cache_hit_rate)
+        for model in server.models:
+            counts = models.setdefault(model, [0, 0])
+            counts[0] += 1
+            counts[1] += server.healthy
+    for model, (total, up) in sorted(models.items()):
+        model_total.add_metric([model], total)
+        model_healthy.add_metric([model], up)
+    return [healthy, draining, pinned, hit_ratio, model_total, model_healthy]

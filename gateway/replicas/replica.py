@@ -30,12 +30,15 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from prometheus_client import generate_latest
 from sqlalchemy.engine import make_url
 
 from gateway import logs
 from gateway.fleet.pool import BackendPool
-from gateway.metrics import Metrics, samples
+from gateway.metrics import Metrics, exposition_with, samples
 from gateway.replicas.apply import adopt, held_by
+from gateway.replicas.facts import NAMES as FACTS
+from gateway.replicas.facts import RunFacts
 from gateway.settings import Settings
 from gateway.store import processes as stored_processes
 from gateway.store import run_state as stored
@@ -94,6 +97,10 @@ class Replica:
         """When this process last began a heartbeat (or its registration) that went through: the store's
         record of it is no older, so this process stops serving before any other takes it for dead."""
         self._metrics_at = 0.0
+        self._share_samples = settings.workers > 1
+        """Whether its heartbeats carry its metrics, for its port's other workers to add up."""
+        self.facts = RunFacts(lambda: self.leads, store, backends, traffic, recorder)
+        metrics.registry.register(self.facts)
         self._beating = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop_beats = threading.Event()
@@ -193,6 +200,20 @@ class Replica:
             await asyncio.sleep(_POLL)
         return True
 
+    async def exposition(self) -> bytes:
+        """Its metrics in Prometheus text, with those of the other live processes on its host and port (its
+        fellow workers): never another host's, which Prometheus scrapes there and adds up itself."""
+        await self.facts.refresh()
+        if not self._share_samples:
+            return generate_latest(self._metrics.registry)
+        host, port = self.process["host"], self.process["port"]
+        others = [
+            row.metrics
+            for row in (await self.alive())[1:]
+            if row.metrics and (row.host, row.port) == (host, port)
+        ]
+        return exposition_with(self._metrics.registry, others, once=FACTS)
+
     def confirmed(self) -> bool:
         """Whether this process has confirmed the run state with the store recently enough to serve."""
         return not self.shared or time.monotonic() - self._confirmed < self.timeout / 2
@@ -243,6 +264,7 @@ class Replica:
             for server in self._backends.servers.values():
                 server.pinned = pinned.get(server.url, 0)
             self._confirmed = max(self._confirmed, began)
+        await self.facts.refresh()  # the leader's heartbeats carry its facts to its port's other workers
 
     def _beat_aside(self, loop: asyncio.AbstractEventLoop) -> None:
         """Heartbeats from this thread, once an interval, whatever the event loop's lag: under load the loop
@@ -282,10 +304,11 @@ class Replica:
         adopt(state, self._backends, self._traffic, self._recorder)
 
     def _report(self, *, metrics: bool = False) -> ProcessReport:
-        send_metrics = metrics and time.monotonic() - self._metrics_at >= self.interval
+        send_metrics = (
+            self._share_samples and metrics and time.monotonic() - self._metrics_at >= self.interval
+        )
         if send_metrics:
             self._metrics_at = time.monotonic()
-            self._metrics.commits.set(self._store.commits)
         traffic = self._traffic
         return ProcessReport(
             applied_epoch=self.held.epoch,

@@ -7,6 +7,7 @@ from collections.abc import Collection
 from typing import Any
 
 from gateway.store import reads
+from gateway.store.backlog import Backlog, backlog
 from gateway.store.checkpoints import Checkpointer
 from gateway.store.database import is_sqlite, make_engine
 from gateway.store.pins import Pick, Pin
@@ -54,6 +55,9 @@ class Store:
 
     async def get_rollout(self, rollout_id: str, **options: bool) -> dict[str, Any] | None:
         return await asyncio.to_thread(self._read, reads.get_rollout, rollout_id, **options)
+
+    async def backlog(self) -> Backlog:
+        return await asyncio.to_thread(self._read, backlog)
 
     async def response_turn(self, rollout_id: str, response_id: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(self._read, reads.response_turn, rollout_id, response_id)

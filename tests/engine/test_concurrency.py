@@ -77,6 +77,6 @@ def test_32_concurrent_rollouts_are_all_recorded_exactly(gateway, vllm, db_url):
 
 def _commits(gateway) -> float:
     for line in httpx.get(gateway.url + "/metrics", timeout=TIMEOUT).text.splitlines():
-        if line.startswith("gateway_store_commits "):
+        if line.startswith("gateway_store_commits_total "):
             return float(line.split()[1])
-    raise AssertionError("gateway_store_commits missing from /metrics")
+    raise AssertionError("gateway_store_commits_total missing from /metrics")

@@ -183,7 +183,7 @@ def test_health_and_prometheus_metrics(gateway, rollout_id):
         "gateway_request_latency_seconds_bucket",
         'gateway_tokens_total{kind="completion"}',
         "gateway_errors_total",
-        "gateway_in_flight",
-        "gateway_store_commits",
+        "gateway_calls_in_flight",
+        "gateway_store_commits_total",
     ):
         assert name in metrics, name

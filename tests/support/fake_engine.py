@@ -55,6 +55,8 @@ class FakeEngine:
         self.urls = [URL]
         self.servers = {URL: Server(URL)}
         self.exact = False
+        self.queued = 0
+        """Calls waiting for a connection: none, the scripted replies wait for nothing."""
         """Whether the engine offers vLLM's token-in/token-out endpoints (exact mode)."""
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.detokenize_failure: BackendFailure | None = None

@@ -1,0 +1,87 @@
+"""What every process of the gateway knows alike, exported by the leading one alone: whether the run is
+paused, the policy version served, the fleet's servers, rollouts running and groups waiting for a trainer.
+Each replica exporting them would make Prometheus add one fact up once per replica."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.fleet.collector import fleet_facts
+from gateway.fleet.pool import BackendPool
+from gateway.store.backlog import Backlog
+from gateway.store.store import Store
+from gateway.turns.recording import Recorder
+from gateway.turns.traffic import Traffic
+
+NAMES = frozenset(
+    {
+        "gateway_paused",
+        "gateway_policy_version",
+        "gateway_rollouts_running",
+        "gateway_groups_unclaimed",
+        "gateway_backend_healthy",
+        "gateway_backend_draining",
+        "gateway_backend_pinned_rollouts",
+        "gateway_backend_prefix_cache_hit_ratio",
+        "gateway_model_backends",
+        "gateway_model_backends_healthy",
+    }
+)
+"""The families only the leader exports: a scrape that merges a port's processes takes them from one."""
+REFRESH = 5.0
+"""Seconds the store's counts are kept before they are read again: they are aggregates, not a hot path."""
+
+
+class RunFacts(Collector):
+    def __init__(
+        self,
+        leads: Callable[[], bool],
+        store: Store,
+        backends: BackendPool,
+        traffic: Traffic,
+        recorder: Recorder,
+    ) -> None:
+        self._leads, self._store, self._backends = leads, store, backends
+        self._traffic, self._recorder = traffic, recorder
+        self._backlog: Backlog | None = None
+        self._read_at = -REFRESH
+
+    async def refresh(self) -> None:
+        """Read the store's counts again if this process leads and they are older than `REFRESH`; a store out
+        of reach leaves the last ones (readiness says why)."""
+        if not self._leads() or time.monotonic() - self._read_at < REFRESH:
+            return
+        self._read_at = time.monotonic()
+        try:
+            self._backlog = await self._store.backlog()
+        except Exception:  # the store's own errors: /readyz and the calls report them
+            return
+
+    def collect(self) -> Iterator[Metric]:
+        if not self._leads():
+            return
+        yield GaugeMetricFamily(
+            "gateway_paused",
+            "1 while agent calls are held (an admin pause).",
+            value=float(self._traffic.paused),
+        )
+        yield InfoMetricFamily(
+            "gateway_policy_version",
+            "The policy version the gateway stamps on new turns.",
+            value={"policy_version": self._recorder.policy_version},
+        )
+        if self._backlog is not None:
+            yield GaugeMetricFamily(
+                "gateway_rollouts_running", "Rollouts running.", value=self._backlog.running
+            )
+            yield GaugeMetricFamily(
+                "gateway_groups_unclaimed",
+                "Groups ready for training (every member finished) that no trainer has claimed: the "
+                "trainers' backlog.",
+                value=self._backlog.unclaimed_groups,
+            )
+        yield from fleet_facts(list(self._backends.servers.values()))
