@@ -33,7 +33,7 @@ NAMES = frozenset(
 )
 """The families only the leader exports: a scrape that merges a port's processes takes them from one."""
 REFRESH = 5.0
-"""Seconds the store's counts are kept before they are read again: they are aggregates, not a hot path."""
+"""Seconds the store's counts are kept between heartbeats: they are aggregates, not a hot path."""
 
 
 class RunFacts(Collector):
@@ -50,10 +50,11 @@ class RunFacts(Collector):
         self._backlog: Backlog | None = None
         self._read_at = -REFRESH
 
-    async def refresh(self) -> None:
-        """Read the store's counts again if this process leads and they are older than `REFRESH`; a store out
-        of reach leaves the last ones (readiness says why)."""
-        if not self._leads() or time.monotonic() - self._read_at < REFRESH:
+    async def refresh(self, max_age: float = 0.0) -> None:
+        """Read the store's counts again if this process leads and they are older than `max_age` seconds (a
+        scrape reads them afresh; heartbeats, which carry them to a port's other workers, every `REFRESH`);
+        a store out of reach leaves the last ones (readiness says why)."""
+        if not self._leads() or time.monotonic() - self._read_at < max_age:
             return
         self._read_at = time.monotonic()
         try:

@@ -38,7 +38,7 @@ from gateway.fleet.pool import BackendPool
 from gateway.metrics import Metrics, exposition_with, samples
 from gateway.replicas.apply import adopt, held_by
 from gateway.replicas.facts import NAMES as FACTS
-from gateway.replicas.facts import RunFacts
+from gateway.replicas.facts import REFRESH, RunFacts
 from gateway.settings import Settings
 from gateway.store import processes as stored_processes
 from gateway.store import run_state as stored
@@ -264,7 +264,7 @@ class Replica:
             for server in self._backends.servers.values():
                 server.pinned = pinned.get(server.url, 0)
             self._confirmed = max(self._confirmed, began)
-        await self.facts.refresh()  # the leader's heartbeats carry its facts to its port's other workers
+        await self.facts.refresh(REFRESH)  # the leader's heartbeats carry them to its port's other workers
 
     def _beat_aside(self, loop: asyncio.AbstractEventLoop) -> None:
         """Heartbeats from this thread, once an interval, whatever the event loop's lag: under load the loop

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.settings import Settings
@@ -31,13 +30,7 @@ class Replica:
         self.client, self.engine = client, engine
 
     async def scrape(self) -> dict[str, float]:
-        """Each sample of its /metrics by name and labels, as Prometheus writes them."""
-        text = (await self.client.get("/metrics")).text
-        return {
-            sample.name + _labels(sample.labels): sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
+        return support.scraped((await self.client.get("/metrics")).text)
 
     async def calls(self, count: int) -> None:
         for i in range(count):
@@ -47,10 +40,6 @@ class Replica:
                 json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
             )
             assert answer.status_code == 200, answer.text
-
-
-def _labels(labels: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
 
 
 @pytest.fixture

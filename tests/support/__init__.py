@@ -218,6 +218,22 @@ def sent_back(message: Any) -> dict[str, Any]:
 
 
 METRIC_SUFFIXES = ("", "_total", "_count", "_sum", "_bucket", "_created")
+
+
+def scraped(text: str) -> dict[str, float]:
+    """Every sample of a /metrics answer, by its name and labels as Prometheus writes them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def named(name: str, labels: dict[str, str]) -> str:
+        return name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+
+    return {
+        named(sample.name, sample.labels): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 """What Prometheus appends to a family's name in its samples (counters, histograms)."""
 
 
