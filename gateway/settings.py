@@ -46,7 +46,8 @@ class Group(StrEnum):
 
 
 GROUP_HELP = {
-    Group.SERVER: "Where the gateway listens, the address agents reach it at, and how it renders prompts.",
+    Group.SERVER: "Where the gateway listens, the address agents reach it at, how it renders prompts, and how "
+    "long it gives its calls in flight when stopped.",
     Group.BACKENDS: "The vLLM servers the gateway sends model calls to.",
     Group.STORE: "The database every model call's tokens are recorded in.",
     Group.LIMITS: "Defaults for every rollout (POST /rollouts can override them per rollout) and the "
@@ -155,6 +156,16 @@ class Settings(BaseSettings):
         "variable: ';' between models; the file: a list). Saves a round trip and vLLM's JSON of the "
         "prompt's ids; needs vLLM installed here and the model's tokenizer files. A model's first turn is "
         "rendered by both; the backend keeps rendering if they differ.",
+        json_schema_extra=_in(Group.SERVER),
+    )
+    shutdown_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds a stopping process (SIGTERM) gives its calls in flight to finish, after it "
+        "has stopped taking new connections; the calls still running then are cut, each stored as a "
+        "cancelled turn with what it had generated. Unset: it waits for every call, however long: set it "
+        "below the grace period of whatever stops the gateway (Kubernetes' terminationGracePeriodSeconds, "
+        "30 s by default), whose SIGKILL would leave the calls it cuts unrecorded.",
         json_schema_extra=_in(Group.SERVER),
     )
     # -- backends -------------------------------------------------------------------------------------------

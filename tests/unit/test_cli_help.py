@@ -37,7 +37,7 @@ def test_serve_help_lists_every_setting_once_under_its_groups_heading():
     assert sorted(dest for group in Group for dest in headed[group.value]) == sorted(Settings.model_fields)
     for name, field in Settings.model_fields.items():
         assert name in headed[group_of(field).value]
-    assert headed["server"] == ["host", "port", "public_url", "mode", "local_render"]
+    assert headed["server"] == ["host", "port", "public_url", "mode", "local_render", "shutdown_timeout"]
     assert headed["store"] == ["db", "policy_version"]
     assert headed["processes"] == ["workers", "heartbeat_interval", "process_timeout"]
 
