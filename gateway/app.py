@@ -40,7 +40,7 @@ from gateway.replicas.publish import publish
 from gateway.replicas.replica import Replica
 from gateway.responses.protocol import ResponsesRequest
 from gateway.responses.router import router as responses_router
-from gateway.settings import Settings
+from gateway.settings import Placement, Settings
 from gateway.store.database import display_url, ensure_schema
 from gateway.store.records import Limits
 from gateway.store.status import Mode
@@ -74,7 +74,10 @@ def create_app(
             ensure_schema(settings.db)
         parts = wire(app, settings, store or Store(settings.db), backends or backend_pool(settings))
         if own_backends:
-            parts.backends.placement.pin_store = parts.store.pin
+            placement = parts.backends.placement
+            placement.pin_store = parts.store.pin
+            placement.by_group = settings.placement == Placement.GROUP
+            placement.placed = lambda reason: parts.metrics.placements.labels(reason=reason).inc()
         for url in parts.backends.urls:
             capable = await parts.backends.probe_scale_out(url)
             if capable is None:

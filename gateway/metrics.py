@@ -67,6 +67,14 @@ class Metrics:
             "Sampled tokens streamed to agents, counted as they pass.",
             registry=self.registry,
         )
+        self.placements = Counter(
+            "gateway_placements",
+            "Rollouts this process pinned to a server, by why it chose that one: group (beside its group's "
+            "members), split (its group's servers held their share), load (the least loaded server: the "
+            "first of its group, or --placement load).",
+            ["reason"],
+            registry=self.registry,
+        )
         self.queued = Gauge(
             "gateway_calls_queued", "Agent calls waiting for a backend connection.", registry=self.registry
         )

@@ -46,8 +46,8 @@ class Group(StrEnum):
 
 
 GROUP_HELP = {
-    Group.SERVER: "Where the gateway listens, the address agents reach it at, how it renders prompts, and how "
-    "long it gives its calls in flight when stopped.",
+    Group.SERVER: "Where the gateway listens, the address agents reach it at, how it renders prompts, and "
+    "how long it gives its calls in flight when stopped.",
     Group.BACKENDS: "The vLLM servers the gateway sends model calls to.",
     Group.STORE: "The database every model call's tokens are recorded in.",
     Group.LIMITS: "Defaults for every rollout (POST /rollouts can override them per rollout) and the "
@@ -87,6 +87,14 @@ class LogFormat(StrEnum):
 
     TEXT = "text"
     JSON = "json"
+
+
+class Placement(StrEnum):
+    """group: a rollout joins its GRPO group's server while that server holds no more than its share, so that
+    the group's shared prompt is computed once; load: every rollout to the least loaded server."""
+
+    GROUP = "group"
+    LOAD = "load"
 
 
 class ConfigFileError(ValueError):
@@ -196,6 +204,13 @@ class Settings(BaseSettings):
     connect_timeout: float = Field(
         default=5.0,
         description="Seconds to wait for a backend connection.",
+        json_schema_extra=_in(Group.BACKENDS),
+    )
+    placement: Placement = Field(
+        default=Placement.GROUP,
+        description="Where a new rollout goes. group: beside its GRPO group's members (their shared prompt "
+        "is in that server's prefix cache) while that server holds no more than 1.25 times the mean load, "
+        "counting a group declared with a size whole; load: the least loaded server, each rollout alone.",
         json_schema_extra=_in(Group.BACKENDS),
     )
     max_connections: int = Field(

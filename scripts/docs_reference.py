@@ -225,6 +225,7 @@ def metrics_page() -> str:
     metrics.registry.register(facts)
     metrics.call("chat", 200, 0.1, prompt_tokens=1, completion_tokens=1)
     metrics.errors.labels(reason="502").inc()
+    metrics.placements.labels(reason="group").inc()
     for stage in STAGES:
         metrics.stage[stage].observe(0.0)
     own, leader = [], []

@@ -2,8 +2,8 @@
 load (`gateway.fleet.routing`) and agreed through the store (`gateway.store.pins`), so that every gateway
 process sends a rollout's calls to the same server (its prefix cache holds the rollout's history). The load
 a new pin is chosen by is the store's count of running rollouts on each server, taken in the transaction
-that pins it: the rollouts of a group starting together, through any processes, see each other and spread
-within the bound."""
+that pins it, by group: the members of a group starting together, through any processes, see each other and
+join their group's server while it holds no more than its share (`gateway.fleet.routing`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import replace
 
 from gateway.fleet.replies import BackendFailure
-from gateway.fleet.routing import choose, usable
+from gateway.fleet.routing import Reason, choose, place, usable
 from gateway.fleet.servers import Server
-from gateway.store.pins import Pick, Pin
+from gateway.store.pins import Loads, Pick, Pin
 
 PinStore = Callable[[str, Pick, Collection[str]], Awaitable[Pin]]
 """(rollout id, the choice of a server by the store's counts, servers that can keep a rollout) -> its pin:
@@ -29,6 +29,10 @@ class Placement:
         self.servers = servers
         self.pin_store: PinStore | None = None
         """Set by the app to share pins through the store; without it pins live in this process only."""
+        self.by_group = True
+        """Whether a rollout joins its group's server (else every rollout is placed by load alone)."""
+        self.placed: Callable[[Reason], None] = lambda reason: None
+        """Told why each rollout this process pinned went where it did (the app counts them)."""
         self._pins: OrderedDict[str, tuple[str, bool]] = OrderedDict()
         """Rollout -> (its server, whether this process placed it there: those it adds to `pinned` until a
         heartbeat brings the store's count, `gateway.replicas.replica`)."""
@@ -52,12 +56,24 @@ class Placement:
         else:
             servers = list(self.servers.values())
 
-            def pick(counts: dict[str, int]) -> str:
-                """The choice by the store's counts (in the store's writer thread, in its transaction)."""
-                loaded = [replace(s, pinned=counts.get(s.url, 0)) for s in servers]
-                return (choose(loaded, rollout_id, model) or candidate).url
+            reason = Reason.LOAD
+
+            def pick(loads: Loads) -> str:
+                """The choice by the store's loads (in the store's writer thread, in its transaction)."""
+                nonlocal reason
+                loaded = [replace(s, pinned=loads.servers.get(s.url, 0)) for s in servers]
+                if self.by_group:
+                    found = place(loaded, loads.group_id, model, loads.group, loads.seated)
+                else:
+                    found = place(loaded, rollout_id, model)
+                if found is None:
+                    return candidate.url
+                reason = found[1]
+                return found[0].url
 
             url, left, placed = await self.pin_store(rollout_id, pick, keep)
+            if placed:
+                self.placed(reason)
         server = self.servers.get(url, candidate)
         self._remember(rollout_id, server.url, placed)
         return server, left if left != server.url else None

@@ -1,4 +1,4 @@
-"""Where a new rollout goes: the least-loaded healthy server that serves its model.
+"""Where a new rollout goes: where its group is, else the least-loaded healthy server that serves its model.
 
 A rollout stays on the server it was first sent to (its prefix cache holds the rollout's history), so only
 the choice of that server balances the fleet. Load is calls in flight, then rollouts pinned; ties go by a
@@ -8,13 +8,21 @@ starts keeps new work off the busy ones, and a bound keeps any server from holdi
 the rollouts: a server already holding `LOAD_BOUND` times the mean number of pinned rollouts (counting the
 new one) takes no new rollout while another is under it. Rollouts are never moved for load, only placed:
 moving one costs its prefix cache.
+
+The members of a GRPO group start from one prompt: each server that gets one computes that prompt again. So
+a rollout whose siblings are placed goes to the server holding most of them while that server's load from
+other groups stays under the bound, the next server holding some otherwise; only past the bound everywhere
+does a group split onto a new server. The load counts a group declared with a size whole from its first
+member (`gateway.store.pins.Loads`), so that servers balance by groups. Ties go by the group's id, so that
+siblings placed at one moment agree.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
 
 from gateway.fleet.servers import Server
 
@@ -24,17 +32,48 @@ def usable(server: Server, model: str | None) -> bool:
     return server.healthy and server.serves(model)
 
 
+class Reason(StrEnum):
+    """Why a rollout was placed where it was (`gateway_placements_total{reason}`)."""
+
+    GROUP = "group"
+    """Beside its group's members."""
+    SPLIT = "split"
+    """Its group's servers held their share: the least loaded other server."""
+    LOAD = "load"
+    """No member of its group placed yet (or placement by load alone): the least loaded server."""
+
+
 def choose(servers: Iterable[Server], rollout_id: str, model: str | None) -> Server | None:
-    """The server a new rollout is pinned to; None if no healthy server takes new rollouts for `model`."""
+    """The server a new rollout is pinned to by load alone; None if no healthy server takes new rollouts
+    for `model`."""
+    placed = place(servers, rollout_id, model)
+    return placed[0] if placed is not None else None
+
+
+def place(
+    servers: Iterable[Server],
+    key: str,
+    model: str | None,
+    group: Mapping[str, int] | None = None,
+    seated: bool = False,
+) -> tuple[Server, Reason] | None:
+    """The server for a new member of a group whose part of each server's load (`Server.pinned`) is
+    `group`, and why; `seated`: the group's home already counts this member. Ties go by `key`."""
     candidates = [s for s in servers if usable(s, model) and not s.draining]
     if not candidates:
         return None
-    bound = share_bound(sum(s.pinned for s in candidates) + 1, len(candidates))
+    bound = share_bound(sum(s.pinned for s in candidates) + (0 if seated else 1), len(candidates))
+    group = group or {}
+    homes = sorted((s for s in candidates if group.get(s.url)), key=lambda s: (-group[s.url], s.url))
+    for home in homes:
+        if home.pinned - group[home.url] < bound:
+            return home, Reason.GROUP
     candidates = [s for s in candidates if s.pinned < bound] or candidates
-    spread = zlib.crc32(rollout_id.encode())
-    return min(
+    spread = zlib.crc32(key.encode())
+    least = min(
         candidates, key=lambda s: (s.in_flight, s.pinned, (zlib.crc32(s.url.encode()) ^ spread) & 0xFFFF)
     )
+    return least, Reason.SPLIT if homes else Reason.LOAD
 
 
 LOAD_BOUND = 1.25

@@ -6,6 +6,11 @@ only if the server it saw pinned is still the stored one. Two replicas choosing 
 whichever wrote first. A new pin is chosen from the store's count of running rollouts on each server, under
 a lock on PostgreSQL (held until the transaction commits), so that placements made at the same moment by
 every process of the gateway see each other and a server's share is bounded across all of them.
+
+The count is by group (`Loads`): a GRPO group's members share their first prompt, so the servers holding a
+rollout's siblings are read in the same transaction, and a group declared with a size holds seats on its home
+(the server with most of its members) for the members still to come, so that a burst of groups balances as
+groups, not as rollouts that happen to arrive first.
 """
 
 from __future__ import annotations
@@ -32,8 +37,21 @@ MISSING = "missing"
 """`pin`'s answer for a rollout that has no row yet (created on its first call)."""
 
 
-Pick = Callable[[dict[str, int]], str]
-"""The server for a new pin, given the running rollouts pinned to each server."""
+class Loads(NamedTuple):
+    """What a new pin is chosen by, read in its transaction."""
+
+    servers: dict[str, int]
+    """Each server's load: its running rollouts, and the seats its declared groups hold for the members
+    still to come."""
+    group_id: str
+    group: dict[str, int]
+    """The rollout's group's part of each server's load (its members there, and its seats on its home)."""
+    seated: bool
+    """Whether the group's home holds a seat for this rollout (placing it there adds no load)."""
+
+
+Pick = Callable[[Loads], str]
+"""The server for a new pin, given the fleet's loads."""
 
 _PLACEMENT_LOCK = 0x726C_9A1E
 
@@ -42,14 +60,16 @@ def pin(conn: Connection, rollout_id: str, pick: Pick, usable: Collection[str]) 
     """The stored pin if it is `usable`, else the server `pick` chooses. MISSING if the rollout has no
     row."""
     r = schema.rollouts
-    row = conn.execute(select(r.c.backend).where(r.c.rollout_id == rollout_id)).first()
+    row = conn.execute(
+        select(r.c.backend, r.c.group_id, r.c.group_size).where(r.c.rollout_id == rollout_id)
+    ).first()
     if row is None:
         return MISSING
     current = row.backend
     if current is not None and current in usable:
         return Pin(current, None, placed=False)
     _lock_placement(conn)
-    candidate = pick(running_pins(conn))
+    candidate = pick(loads(conn, row.group_id, row.group_size))
     condition = r.c.backend.is_(None) if current is None else r.c.backend == current
     moved = conn.execute(
         update(r).where(r.c.rollout_id == rollout_id, condition).values(backend=candidate)
@@ -79,3 +99,33 @@ def running_pins(conn: Connection) -> dict[str, int]:
         .group_by(r.c.backend)
     )
     return {str(url): int(count) for url, count in counts}
+
+
+def loads(conn: Connection, group_id: str, group_size: int | None) -> Loads:
+    """The fleet's loads by group, for a new member of `group_id` (declared with `group_size`)."""
+    r = schema.rollouts
+    rows = conn.execute(
+        select(r.c.group_id, r.c.backend, func.count(), func.max(r.c.group_size))
+        .where(r.c.status == "running", r.c.backend.is_not(None))
+        .group_by(r.c.group_id, r.c.backend)
+    )
+    groups: dict[str, tuple[dict[str, int], int | None]] = {}
+    for group, url, count, size in rows:
+        members, _ = groups.setdefault(str(group), ({}, size))
+        members[str(url)] = int(count)
+    groups.setdefault(group_id, ({}, group_size))  # none of its members placed yet
+    servers: dict[str, int] = {}
+    own: dict[str, int] = {}
+    seated = False
+    for group, (members, size) in groups.items():
+        part = dict(members)
+        if members and size:
+            home = min(members, key=lambda url: (-members[url], url))
+            seats = max(0, int(size) - sum(members.values()))
+            part[home] += seats
+            seated = seated or (group == group_id and seats > 0)
+        for url, count in part.items():
+            servers[url] = servers.get(url, 0) + count
+        if group == group_id:
+            own = part
+    return Loads(servers, group_id, own, seated)

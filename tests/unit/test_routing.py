@@ -8,15 +8,17 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.fleet.discovery import BackendFile
 from gateway.fleet.health import prefix_hit_rate
 from gateway.fleet.pool import BackendPool
-from gateway.fleet.routing import choose, share_bound
+from gateway.fleet.routing import Reason, choose, place, share_bound
 from gateway.fleet.servers import Server
 from gateway.store.database import ensure_schema
+from gateway.store.records import NewRollout
 from gateway.store.store import Store
 
 
@@ -109,10 +111,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture
-async def placing(tmp_path: Path) -> AsyncIterator[tuple[BackendPool, Store]]:
-    """A pool of three servers (never called: placement alone) pinning through a real SQLite store."""
-    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def placing(request: pytest.FixtureRequest, databases: Any) -> AsyncIterator[tuple[BackendPool, Store]]:
+    """A pool of three servers (never called: placement alone) pinning through a real store."""
+    url = databases.new(request.param)
     ensure_schema(url)
     store = Store(url)
     pool = BackendPool(
@@ -172,3 +174,97 @@ async def test_two_calls_of_one_rollout_placing_it_at_once_count_it_once(placing
     assert sum(s.pinned for s in pool.servers.values()) == 1
     pool.forget("twice")
     assert sum(s.pinned for s in pool.servers.values()) == 0
+
+
+# Groups: the members of a GRPO group share their first prompt, so they go where their group is.
+
+
+def loaded(*loads: int) -> list[Server]:
+    return [Server(f"http://s{i}", pinned=load) for i, load in enumerate(loads)]
+
+
+def test_a_member_joins_the_server_holding_most_of_its_group():
+    # s1 holds 2 of the group's members, s2 one; s0 is idle.
+    fleet = loaded(0, 6, 5)
+    assert place(fleet, "g", None, {"http://s1": 2, "http://s2": 1}) == (fleet[1], Reason.GROUP)
+
+
+def test_a_member_goes_to_the_next_server_of_its_group_when_the_first_holds_its_share_of_other_groups():
+    # 28 rollouts + 1 over 3 servers: the bound is ceil(1.25 * 29 / 3) = 13. s1 holds 13 rollouts of other
+    # groups besides the group's 2; s2 holds 12 besides its 1.
+    fleet = loaded(0, 15, 13)
+    assert place(fleet, "g", None, {"http://s1": 2, "http://s2": 1}) == (fleet[2], Reason.GROUP)
+
+
+def test_a_group_splits_onto_the_least_loaded_server_only_when_all_its_servers_hold_their_share():
+    # 40 + 1 over 3 servers: the bound is 18; s1 and s2 hold 18 and 19 of other groups' rollouts.
+    fleet = loaded(0, 20, 20)
+    assert place(fleet, "g", None, {"http://s1": 2, "http://s2": 1}) == (fleet[0], Reason.SPLIT)
+
+
+def test_a_first_member_goes_to_the_least_loaded_server():
+    fleet = loaded(4, 0)
+    assert place(fleet, "g", None, {}) == (fleet[1], Reason.LOAD)
+
+
+def new(rollout_id: str, group_id: str, size: int | None) -> NewRollout:
+    return NewRollout(rollout_id=rollout_id, group_id=group_id, group_size=size)
+
+
+async def burst(
+    pool: BackendPool, store: Store, groups: int, size: int, declared: bool
+) -> dict[str, set[str]]:
+    """`groups` groups of `size` created, then all their first calls at once, members interleaved as a
+    trainer's burst arrives; each group's servers."""
+    members = [(f"g{g}", f"g{g}-m{m}") for m in range(size) for g in range(groups)]
+    for group_id, rollout_id in members:
+        await store.create_rollout(new(rollout_id, group_id, size if declared else None))
+    placed = await asyncio.gather(*(pool.route(rollout_id, None) for _, rollout_id in members))
+    servers: dict[str, set[str]] = {}
+    for (group_id, _), (server, _) in zip(members, placed, strict=True):
+        servers.setdefault(group_id, set()).add(server.url)
+    return servers
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
+async def test_groups_started_in_one_burst_each_stay_on_one_server_and_the_servers_take_equal_shares(
+    placing, declared
+):
+    pool, store = placing
+    reasons: list[Reason] = []
+    pool.placement.placed = reasons.append
+
+    servers = await burst(pool, store, groups=6, size=4, declared=declared)
+
+    assert all(len(urls) == 1 for urls in servers.values()), servers
+    assert sorted(Counter(url for (url,) in servers.values()).values()) == [2, 2, 2]
+    assert [server.pinned for server in pool.servers.values()] == [8, 8, 8]
+    assert Counter(reasons) == {Reason.LOAD: 6, Reason.GROUP: 18}
+
+
+@pytest.mark.anyio
+async def test_placement_by_load_alone_spreads_each_groups_members(placing):
+    pool, store = placing
+    pool.placement.by_group = False
+
+    servers = await burst(pool, store, groups=6, size=4, declared=True)
+
+    assert [server.pinned for server in pool.servers.values()] == [8, 8, 8]
+    assert sum(len(urls) for urls in servers.values()) > 6  # members of a group on several servers
+
+
+@pytest.mark.anyio
+async def test_the_members_of_a_group_whose_server_is_ejected_move_together(placing):
+    pool, store = placing
+    reasons: list[Reason] = []
+    servers = await burst(pool, store, groups=1, size=4, declared=True)
+    (home,) = servers["g0"]
+    pool.servers[home].healthy = False
+    pool.placement.placed = reasons.append
+
+    moved = await asyncio.gather(*(pool.route(f"g0-m{m}", None) for m in range(4)))
+
+    assert len({server.url for server, _ in moved}) == 1
+    assert {left for _, left in moved} == {home}
+    assert reasons == [Reason.LOAD, Reason.GROUP, Reason.GROUP, Reason.GROUP]
