@@ -226,7 +226,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
         settings.public_url,
         lifecycle,
     )
-    app.state.admin = AdminContext(replica, backends, recorder)
+    app.state.admin = AdminContext(replica, backends, recorder, settings.pause_clear_cache)
     app.state.viewer = ViewerContext(store, TokenTexts(backends))
     return Started(store, backends, replica, local_render, metrics, traffic, lifecycle, spans)
 

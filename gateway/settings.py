@@ -213,6 +213,15 @@ class Settings(BaseSettings):
         "counting a group declared with a size whole; load: the least loaded server, each rollout alone.",
         json_schema_extra=_in(Group.BACKENDS),
     )
+    pause_clear_cache: bool = Field(
+        default=True,
+        description="Whether an admin pause that does not say drops the servers' KV and prefix caches "
+        "(vLLM's clear_cache): exact, but after each weight update every prompt is computed again, in keep "
+        "mode those of the calls in flight too. False keeps them: no prefill is redone, and the calls in "
+        "flight and later calls sharing cached prefixes attend to keys and values of the previous weights "
+        "(turns that spanned the update record cache_kept).",
+        json_schema_extra=_in(Group.BACKENDS),
+    )
     max_connections: int = Field(
         default=1024,
         ge=1,

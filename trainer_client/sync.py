@@ -24,8 +24,14 @@ class GatewayAdmin:
     def state(self) -> dict[str, Any]:
         return cast(dict[str, Any], self._http.get("/admin/state").raise_for_status().json())
 
-    def pause(self, mode: str = "wait", timeout: float = 600.0) -> dict[str, Any]:
-        return self._post("/pause", {"mode": mode, "timeout": timeout})
+    def pause(
+        self, mode: str = "wait", timeout: float = 600.0, clear_cache: bool | None = None
+    ) -> dict[str, Any]:
+        """`clear_cache`: whether the servers drop their caches (None: the gateway's --pause-clear-cache)."""
+        body: dict[str, Any] = {"mode": mode, "timeout": timeout}
+        if clear_cache is not None:
+            body["clear_cache"] = clear_cache
+        return self._post("/pause", body)
 
     def resume(self) -> dict[str, Any]:
         return self._post("/resume")
@@ -39,13 +45,13 @@ class GatewayAdmin:
 
     @contextmanager
     def weight_sync(
-        self, version: str, mode: str = "wait", timeout: float = 600.0
+        self, version: str, mode: str = "wait", timeout: float = 600.0, clear_cache: bool | None = None
     ) -> Iterator[dict[str, Any]]:
         """Pause and drain; the body pushes the weights; then the new version is set and generation resumes.
 
         Generation resumes even if the body fails (the version then stays the old one).
         """
-        paused = self.pause(mode, timeout)
+        paused = self.pause(mode, timeout, clear_cache)
         try:
             yield paused
             self.set_policy_version(version)

@@ -17,6 +17,8 @@ class AdminContext:
     """This process, through which a change reaches every process of the gateway."""
     backends: BackendPool
     recorder: Recorder
+    clear_cache: bool
+    """Whether a pause that does not say drops the servers' caches (--pause-clear-cache)."""
 
 
 async def admin_context(request: Request) -> AdminContext:

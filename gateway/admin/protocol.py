@@ -16,6 +16,12 @@ class PauseRequest(RequestModel):
     that reach vLLM after it paused are queued there and run after resume."""
     timeout: Annotated[float, Field(gt=0)] = 600.0
     """Seconds to wait for calls in flight to finish (wait)."""
+    clear_cache: Annotated[bool, Field(strict=True)] | None = None
+    """Whether the servers drop their KV and prefix caches as they pause (vLLM's `clear_cache`): the calls
+    after the update compute their prompts again with the new weights, and in keep mode the calls in flight
+    are computed again too (vLLM preempts them). False keeps the caches: no prefill is redone, and the calls
+    in flight, and later calls that share cached prefixes, attend to keys and values of the previous weights.
+    Unset: `--pause-clear-cache`."""
 
 
 class PolicyVersionRequest(RequestModel):
@@ -81,6 +87,8 @@ class AdminState(BaseModel):
     pause_mode: Literal["wait", "abort", "keep"] | None
     paused_by: str | None
     """The process whose admin call paused the gateway."""
+    cache_kept: bool
+    """Whether the last pause kept the servers' caches."""
     in_flight: int
     waiting: int
     """Agent calls held by the pause."""

@@ -22,7 +22,8 @@ router = APIRouter(
 async def pause(body: PauseRequest | None = None, admin: AdminContext = Depends(admin_context)) -> AdminState:
     """Pause the gateway and every backend for a weight update; new agent calls wait (no body: `wait`)."""
     body = body or PauseRequest()
-    return await service.pause(admin, body.mode, body.timeout)
+    clear = admin.clear_cache if body.clear_cache is None else body.clear_cache
+    return await service.pause(admin, body.mode, body.timeout, clear)
 
 
 @router.post("/resume", response_model=AdminState)

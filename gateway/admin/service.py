@@ -39,6 +39,7 @@ async def admin_state(admin: AdminContext) -> AdminState:
         paused=held.paused,
         pause_mode=held.pause_mode if held.paused else None,
         paused_by=held.paused_by if held.paused else None,
+        cache_kept=held.cache_kept,
         in_flight=sum(row.in_flight for row in alive),
         waiting=sum(row.waiting for row in alive),
         policy_version=admin.recorder.policy_version,
@@ -72,12 +73,14 @@ def _worker_view(row: ProcessRow, timeout: float) -> WorkerView:
     )
 
 
-async def pause(admin: AdminContext, mode: PauseMode, timeout: float) -> AdminState:
-    """Hold new agent calls on every process, then deal with those in flight as vLLM's own /pause does."""
+async def pause(admin: AdminContext, mode: PauseMode, timeout: float, clear_cache: bool) -> AdminState:
+    """Hold new agent calls on every process, then deal with those in flight as vLLM's own /pause does,
+    dropping the servers' caches or keeping them."""
     by = admin.replica.process_id
 
     def paused(state: RunState) -> None:
         state.paused, state.pause_mode, state.paused_by = True, mode, by
+        state.cache_kept = not clear_cache
 
     await admin.replica.change(paused)
     if mode == "wait":
@@ -91,7 +94,9 @@ async def pause(admin: AdminContext, mode: PauseMode, timeout: float) -> AdminSt
             raise ApiError(504, f"calls still in flight after {timeout:.0f} s: not paused", "pause_timeout")
     # vLLM's own pause ends (abort) or freezes (keep) what it is generating and queues what reaches it
     # afterwards: calls still on their way when it paused run after resume, with the new weights.
-    await admin.backends.call_all("/pause", params={"mode": mode})
+    # Said every time: vLLM 0.32 clears by default in every mode, keep included (preempting every request in
+    # flight to prefill it again), though its own documentation says keep ignores the flag.
+    await admin.backends.call_all("/pause", params={"mode": mode, "clear_cache": str(clear_cache).lower()})
     if mode == "abort":  # let the aborted turns be recorded before a new version can be set
         await settled(admin, ABORT_QUIET, timeout, ABORT_FIRST)
     log.info("paused (%s)", mode)

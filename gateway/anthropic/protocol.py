@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.openai.protocol import MAX_REPLY_TOKENS
+from gateway.openai.protocol import MAX_REPLY_TOKENS, ModelName
 
 
 class Message(BaseModel):
@@ -37,7 +37,7 @@ class MessagesRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str
+    model: ModelName
     max_tokens: Annotated[int, Field(ge=1, le=MAX_REPLY_TOKENS)]
     messages: Annotated[list[Message], Field(min_length=1)]
     system: str | list[dict[str, Any]] | None = None
@@ -53,7 +53,7 @@ class MessagesRequest(BaseModel):
 class CountTokensRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    model: str
+    model: ModelName
     messages: Annotated[list[Message], Field(min_length=1)]
     system: str | list[dict[str, Any]] | None = None
     tools: list[Tool] | None = None

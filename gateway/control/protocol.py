@@ -125,6 +125,10 @@ class TurnView(BaseModel):
     """The server the rollout was moved off for this call (it failed, was drained away or removed)."""
     policy_version: str | None
     policy_version_end: str | None
+    cache_kept: bool | None
+    """For a turn that spanned a weight update (its policy versions differ): whether the servers kept their
+    KV caches through it (its tokens after the update attend to keys and values of the previous weights), or
+    computed them again; null for a turn that spanned none."""
     weight_versions: list[dict[str, Any]] | None
     """vLLM's spans of output tokens per weight version, kept by exact turns that went through its
     token-in/token-out endpoints (stores of earlier gateways); null for turns through its chat endpoint,

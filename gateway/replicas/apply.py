@@ -17,6 +17,7 @@ def held_by(backends: BackendPool, traffic: Traffic, recorder: Recorder, epoch: 
         epoch=epoch,
         policy_version=recorder.policy_version,
         paused=traffic.paused,
+        cache_kept=recorder.cache_kept,
         reloads=backends.weights.reloads,
         weight_version=backends.weights.version,
         servers=[_entry(server) for server in backends.servers.values()],
@@ -42,6 +43,7 @@ def adopt(state: RunState, backends: BackendPool, traffic: Traffic, recorder: Re
     else:
         traffic.open()
     recorder.policy_version = state.policy_version
+    recorder.cache_kept = state.cache_kept
     backends.weights = FleetWeights(state.reloads, state.weight_version)
     for entry in state.servers:
         server = backends.add(entry.url)

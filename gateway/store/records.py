@@ -51,6 +51,8 @@ class TurnRecord:
     policy_version_end: str | None = None
     """The policy version when the turn finished: differs from `policy_version` if weights changed
     meanwhile."""
+    cache_kept: bool | None = None
+    """For a turn that spanned a weight update: whether the servers kept their caches through it."""
     plain_prompt_ids: np.ndarray | None = None
     """Exact mode: the plain render of the messages, against which drift is measured."""
     prompt_completions: tuple[tuple[int, int], ...] | None = None

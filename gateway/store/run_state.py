@@ -48,6 +48,9 @@ class RunState(BaseModel):
     pause_mode: PauseMode | None = None
     paused_by: str | None = None
     """The process whose admin call paused the gateway."""
+    cache_kept: bool = False
+    """Whether the last pause kept the servers' caches: turns that span the update it made room for went on
+    with keys and values of the previous weights."""
     reloads: int = 0
     """Weight reloads the servers have done (`/admin/reload_weights`)."""
     weight_version: str | None = None
@@ -74,6 +77,7 @@ def read_run_state(conn: Connection, *, for_update: bool = False) -> RunState | 
         paused=row["paused"],
         pause_mode=row["pause_mode"],
         paused_by=row["paused_by"],
+        cache_kept=row["cache_kept"],
         reloads=row["reloads"],
         weight_version=row["weight_version"],
         servers=[ServerEntry.model_validate(dict(server._mapping)) for server in servers],

@@ -40,10 +40,26 @@ class NulFreeText(TypeDecorator[str]):
     cache_ok = True
 
     def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
-        return value.replace("\x00", "\ufffd") if value is not None and "\x00" in value else value
+        return _without_nul(value)
+
+
+class NulFreeName(TypeDecorator[str]):
+    """A bounded name (a task id, a model) as `NulFreeText` stores text."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return _without_nul(value)
+
+
+def _without_nul(value: str | None) -> str | None:
+    return value.replace("\x00", "\ufffd") if value is not None and "\x00" in value else value
 
 
 SafeText = Text().with_variant(NulFreeText(), "postgresql")
+SafeName = String(256).with_variant(NulFreeName(256), "postgresql")
+"""The API takes names of 256 characters at most; the store's column holds as many."""
 Json = JSON().with_variant(JSONB(), "postgresql")
 ExactJson = JSON()
 """What agents and engines exchanged: `json` on PostgreSQL, kept as sent (jsonb would reorder object keys, and
@@ -68,7 +84,7 @@ rollouts = Table(
     # How many members the group was declared with (POST /rollouts group_size; every member carries it): the
     # group is served only once that many have finished. Null: served once none of its members is running.
     Column("group_size", Integer),
-    Column("task_id", SafeText),
+    Column("task_id", SafeName),
     Column("metadata", Json, nullable=False),
     Column("status", String(16), nullable=False),
     Column("reward", Float),
@@ -119,7 +135,7 @@ turns = Table(
     Column("rollout_id", String(128), ForeignKey("rollouts.rollout_id"), nullable=False),
     Column("turn_index", Integer, nullable=False),
     Column("endpoint", String(16), nullable=False),
-    Column("model", SafeText),
+    Column("model", SafeName),
     Column("stream", Boolean, nullable=False),
     Column("status", String(16), nullable=False),
     Column("error", SafeText),
@@ -130,6 +146,10 @@ turns = Table(
     Column("policy_version", String(64)),
     Column("policy_version_end", String(64)),
     Column("weight_versions", Json),
+    # A turn that spanned a weight update (policy_version_end differs): whether the servers kept their KV
+    # cache through it (true: its tokens after the update attend to keys and values the previous weights
+    # computed; false: vLLM computed them again); null for a turn that spanned none.
+    Column("cache_kept", Boolean),
     # What the agent asked: new messages (or a completions prompt), tools and every other request field.
     Column("prefix_messages", Integer, nullable=False),
     Column("messages", ExactJson),
@@ -216,6 +236,8 @@ run_state = Table(
     # The pause's mode (wait, abort, keep) and the process whose admin call asked for it.
     Column("pause_mode", String(8)),
     Column("paused_by", String(64)),
+    # Whether the last pause kept the servers' KV and prefix caches (POST /admin/pause clear_cache false).
+    Column("cache_kept", Boolean, nullable=False, server_default=false()),
     # Weight reloads the servers have done, and the weight version they were given (null: never).
     Column("reloads", Integer, nullable=False),
     Column("weight_version", String(64)),

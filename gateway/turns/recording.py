@@ -31,6 +31,9 @@ class Recorder:
         """Each ended turn's trace span, with --otlp-endpoint."""
         self.policy_version = policy_version
         """Stamped on every new turn; the admin API changes it when the trainer publishes weights."""
+        self.cache_kept = False
+        """Whether the last pause kept the servers' caches (the run state's): stamped on the turns that
+        spanned the update it made room for."""
 
     def in_flight(self, change: int) -> None:
         self._metrics.in_flight.inc(change)
@@ -57,6 +60,7 @@ class Recorder:
         for record in records:
             if record.policy_version_end is None:  # a whole reply ends as it commits
                 record.policy_version_end = self.policy_version
+            self._spanned(record)
         started = time.perf_counter()
         try:
             await self._store.writer.insert_turns(records)
@@ -104,7 +108,13 @@ class Recorder:
             record.error = message
             record.policy_version_end = self.policy_version
             record.finished_at = time.time()
+            self._spanned(record)
         return records
+
+    def _spanned(self, record: TurnRecord) -> None:
+        """A turn that spanned a weight update says whether the servers' caches were kept through it."""
+        if record.policy_version_end != record.policy_version:
+            record.cache_kept = self.cache_kept
 
     def _account(self, record: TurnRecord, status: int) -> None:
         self._metrics.call(

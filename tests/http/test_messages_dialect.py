@@ -167,8 +167,9 @@ async def test_an_image_is_refused_with_a_clear_400_and_nothing_is_forwarded(gw)
         {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]},  # max_tokens is required
         {"model": "tiny", "max_tokens": 8, "messages": []},
         {"model": "tiny", "max_tokens": 8, "messages": [{"role": "tool", "content": "Hi"}]},
+        {"model": "m" * 257, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]},
     ],
-    ids=["no max_tokens", "no messages", "tool role in messages"],
+    ids=["no max_tokens", "no messages", "tool role in messages", "a model name past 256 characters"],
 )
 async def test_malformed_messages_requests_are_422(gw, body):
     response = await gw.client.post("/rollouts/r1/v1/messages", json=body)

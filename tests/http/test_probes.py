@@ -21,7 +21,7 @@ from gateway.store.store import Store
 from testbed.process import free_port
 
 import support
-from support.fake_engine import URL, FakeEngine, FakeReply, chat_stream
+from support.fake_engine import URL, FakeEngine, HeldReply, chat_stream
 
 pytestmark = pytest.mark.anyio
 
@@ -193,32 +193,12 @@ async def test_both_probes_are_in_the_openapi_schema_with_their_answers(gw):
     assert "security" not in paths["/readyz"]["get"] and "security" not in paths["/healthz"]["get"]
 
 
-class HeldReply:
-    """A streamed reply whose chunks wait for `release`: a call in flight for as long as the test wants."""
-
-    def __init__(self, reply: FakeReply, release: asyncio.Event) -> None:
-        self.status, self._reply, self._release = reply.status, reply, release
-
-    async def read(self) -> bytes:
-        await self._release.wait()
-        return await self._reply.read()
-
-    async def body(self) -> bytes:
-        return await self._reply.body()
-
-    def ended(self) -> None:
-        self._reply.ended()
-
-    def close(self) -> None:
-        self._reply.close()
-
-
 async def test_a_gateway_shutting_down_is_unready_at_once_while_its_streams_finish(tmp_path, empty_store):
     shutil.copy(empty_store, tmp_path / "gateway.db")
     db, engine, release = f"sqlite:///{tmp_path / 'gateway.db'}", FakeEngine(), asyncio.Event()
     store = Store(db)
     app = create_app(Settings(db=db, backend=[URL]), store=store, backends=engine)
-    engine.answer("/v1/chat/completions", HeldReply(chat_stream([4], [(10, "a"), (0, "")]), release))  # type: ignore[arg-type]
+    engine.answer("/v1/chat/completions", HeldReply(chat_stream([4], [(10, "a"), (0, "")]), release))
     lifespan = app.router.lifespan_context(app)
     await lifespan.__aenter__()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:

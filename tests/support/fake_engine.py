@@ -3,6 +3,7 @@ queued for its path (vLLM's shapes), or raises the transport failure queued inst
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict, deque
 from typing import Any
 
@@ -48,6 +49,27 @@ class FakeReply:
         self.closed = True
 
 
+class HeldReply(FakeReply):
+    """A streamed reply whose chunks wait for `release`: a call in flight for as long as the test wants."""
+
+    def __init__(self, reply: FakeReply, release: asyncio.Event) -> None:
+        super().__init__(reply.status)
+        self._reply, self._release = reply, release
+
+    async def read(self) -> bytes:
+        await self._release.wait()
+        return await self._reply.read()
+
+    async def body(self) -> bytes:
+        return await self._reply.body()
+
+    def ended(self) -> None:
+        self._reply.ended()
+
+    def close(self) -> None:
+        self._reply.close()
+
+
 class FakeEngine:
     """The surface of `BackendPool` the gateway uses."""
 
@@ -80,8 +102,8 @@ class FakeEngine:
     async def exact_capable(self, rollout_id: str, model: str | None = None) -> bool:
         return self.exact
 
-    async def call_all(self, path: str, **_: Any) -> None:
-        self.requests.append((path, {}))
+    async def call_all(self, path: str, *, params: dict[str, str] | None = None, **_: Any) -> None:
+        self.requests.append((path, params or {}))
 
     def add(self, url: str) -> Server:
         return self.servers.setdefault(url, Server(url))
