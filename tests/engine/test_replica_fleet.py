@@ -1,19 +1,24 @@
 """One gateway on several hosts: replicas (separate `gateway serve` processes on their own ports) on one
 PostgreSQL store hold one fleet. A pause through one holds the calls of every other and waits for theirs in
 flight; a policy version set through one stamps every turn another serves from then on; a replica killed
-mid-pause is waited for only until its heartbeat is late; and a replica cut off from the store answers 503
+mid-pause is waited for only until its heartbeat is late; a replica cut off from the store answers 503
 (retry) until it is back, never stamping a turn with a version it could not confirm; so do all of them when
-none can reach it."""
+none can reach it, unready meanwhile, under streamed load and without losing a turn they acknowledged; and a
+replica killed under load leaves its rollouts to the others, losing only the calls it had in flight."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx
@@ -268,7 +273,7 @@ def test_a_replica_cut_off_from_the_store_answers_503_and_serves_again_at_the_ve
     assert [t["status"] for t in turns] == ["ok"] * len(turns)
 
 
-def test_replicas_that_all_lose_the_store_answer_503_to_retry_and_all_serve_again_when_it_returns(
+def test_replicas_losing_the_store_under_load_go_unready_answer_503_to_retry_and_lose_nothing_acknowledged(
     start_gateway, databases
 ):
     db_url = databases.new("postgresql")
@@ -280,20 +285,169 @@ def test_replicas_that_all_lose_the_store_answer_503_to_retry_and_all_serve_agai
         start_gateway(through, *PROCESS_TIMEOUT, process=True),
     ]
     wait_for(lambda: len(alive(replicas[0])) == 2)
+    load = StreamedLoad()
+    agents = {f"outage-{i}": replicas[i % 2] for i in range(4)}  # two agents streaming through each
 
-    cable.cut()
-    for replica in replicas:
-        wait_for(lambda r=replica: "confirm the policy version" in _answer(r, "down").text)
-    refused = [_answer(replica, "down") for replica in replicas]
-    cable.mend()
-    for replica in replicas:
-        wait_for(lambda r=replica: _answer(r, f"up-{r.port}").status_code == 200)
+    with ThreadPoolExecutor(len(agents)) as pool:
+        running = [pool.submit(load.agent, r, lambda _, g=g: g) for r, g in agents.items()]
+        wait_for(lambda: load.count("acknowledged") >= len(agents), "calls acknowledged before the cut")
+        cable.cut()
+        for replica in replicas:
+            wait_for(lambda r=replica: _readiness(r).status_code == 503, "a replica unready")
+        unready = [_readiness(replica) for replica in replicas]
+        wait_for(lambda: {c.via for c in load.got("refused")} == {r.port for r in replicas}, "calls refused")
+        cable.mend()
+        for replica in replicas:
+            wait_for(lambda r=replica: _readiness(r).status_code == 200, "a replica ready again")
+        before = load.count("acknowledged")
+        wait_for(lambda: load.count("acknowledged") >= before + len(agents), "calls acknowledged again")
+        load.stop.set()
+        for agent in running:
+            agent.result()
 
-    assert [(r.status_code, r.headers["x-should-retry"]) for r in refused] == [(503, "true")] * 2
-    assert (
-        httpx.get(f"{replicas[0].url}/rollouts/down", timeout=TIMEOUT).status_code == 404
-    )  # nothing of it was stored
-    assert [len(stored_rollout(replicas[1], f"up-{r.port}")["turns"]) for r in replicas] == [1, 1]
+    reasons = [r.json()["reasons"] for r in unready]
+    assert all(len(r) == 1 and r[0].startswith("store unreachable") for r in reasons), reasons
+    assert {c.status for c in load.calls} <= {200, 503}  # never a 500
+    # A stream whose turn could not be committed ends with the store's error, then [DONE]: never broken off.
+    assert {c.code for c in load.got("interrupted")} <= {"store_error"}
+    refused = load.got("refused")
+    assert {(c.status, c.code, c.retry_after, c.should_retry) for c in refused} == {
+        (503, "store_unavailable", "1", "true")
+    }
+    stored = {rollout_id: ok_turns(replicas[0], rollout_id) for rollout_id in agents}
+    for rollout_id in agents:  # every reply that reached its agent is stored, and nothing else answered is
+        assert load.sent(rollout_id, "acknowledged") <= stored[rollout_id]
+        assert stored[rollout_id] <= load.sent(rollout_id, "acknowledged", "interrupted")
+
+
+def test_a_replica_killed_under_streamed_load_leaves_its_rollouts_to_the_other_and_loses_nothing_acknowledged(
+    start_gateway, databases
+):
+    db_url = databases.new("postgresql")
+    survivor, killed = (start_gateway(db_url, *PROCESS_TIMEOUT, process=True) for _ in range(2))
+    wait_for(lambda: len(alive(survivor)) == 2)
+    load = StreamedLoad()
+    rollouts = [f"moved-{i}" for i in range(4)]
+
+    def route(mine: list[Call]) -> GatewayProcess:
+        """The killed replica until a call to it fails, as a load balancer's next try goes elsewhere."""
+        return survivor if any(c.outcome in ("interrupted", "unreached") for c in mine) else killed
+
+    with ThreadPoolExecutor(len(rollouts)) as pool:
+        running = [pool.submit(load.agent, rollout_id, route) for rollout_id in rollouts]
+        wait_for(lambda: load.count("acknowledged") >= len(rollouts), "calls acknowledged before the kill")
+        wait_for(lambda: admin(killed, "/state").json()["in_flight"] >= 1, "calls in flight on the replica")
+        killed.kill()  # SIGKILL, under load
+        wait_for(lambda: all(load.through(r, survivor) >= 3 for r in rollouts), "three calls each through it")
+        ready = _readiness(survivor)  # another replica's death is no reason
+        load.stop.set()
+        for agent in running:
+            agent.result()
+
+    assert (ready.status_code, ready.json()["reasons"]) == (200, [])
+    through_survivor = [c for c in load.calls if c.via == survivor.port]
+    assert {c.outcome for c in through_survivor} == {"acknowledged"}  # every call it took, it answered
+    lost = [c for c in load.calls if c.outcome != "acknowledged"]
+    assert len(lost) <= len(rollouts) and all(c.via == killed.port for c in lost), lost  # one each at most
+    for rollout_id in rollouts:
+        stored = ok_turns(survivor, rollout_id)
+        assert load.sent(rollout_id, "acknowledged") <= stored
+        assert stored <= load.sent(rollout_id, "acknowledged", "interrupted")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One streamed call as its agent saw it: `acknowledged` (the whole reply and its `[DONE]`), `refused`
+    (an error status before any chunk), `interrupted` (an error chunk, or the connection lost mid-call) or
+    `unreached` (no connection)."""
+
+    rollout_id: str
+    content: str
+    via: int
+    outcome: str
+    status: int | None = None
+    code: str | None = None
+    retry_after: str | None = None
+    should_retry: str | None = None
+
+
+class StreamedLoad:
+    """Agents, each streaming calls into a rollout of its own one after another until stopped (a few
+    hundred at most), each call's user message its own: what every call got."""
+
+    CALLS = 500
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.stop = threading.Event()
+
+    def agent(self, rollout_id: str, route: Any) -> None:
+        """`route(calls so far)`: the replica the next call goes to."""
+        mine: list[Call] = []
+        for n in range(self.CALLS):
+            if self.stop.is_set():
+                return
+            call = streamed_call(route(mine), rollout_id, f"{rollout_id} call {n}")
+            mine.append(call)
+            self.calls.append(call)
+
+    def got(self, outcome: str) -> list[Call]:
+        return [c for c in self.calls if c.outcome == outcome]
+
+    def count(self, outcome: str) -> int:
+        return len(self.got(outcome))
+
+    def sent(self, rollout_id: str, *outcomes: str) -> set[str]:
+        return {c.content for c in self.calls if c.rollout_id == rollout_id and c.outcome in outcomes}
+
+    def through(self, rollout_id: str, gateway: GatewayProcess) -> int:
+        return sum(c.rollout_id == rollout_id and c.via == gateway.port for c in self.got("acknowledged"))
+
+
+def streamed_call(gateway: GatewayProcess, rollout_id: str, content: str) -> Call:
+    body = {**_request(), "messages": [{"role": "user", "content": content}], "stream": True}
+    body |= {"max_tokens": 8, "min_tokens": 8}
+    made = partial(Call, rollout_id, content, gateway.port)
+    try:
+        with httpx.stream(
+            "POST", gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=TIMEOUT
+        ) as response:
+            if response.status_code != 200:
+                response.read()
+                headers = response.headers
+                code = response.json()["error"]["code"]
+                retry = (headers.get("retry-after"), headers.get("x-should-retry"))
+                return made("refused", response.status_code, code, *retry)
+            done, code = False, None
+            for data in data_lines(response):
+                if data == "[DONE]":
+                    done = True
+                elif "error" in (chunk := json.loads(data)):
+                    code = chunk["error"]["code"]
+            return made("acknowledged" if done and code is None else "interrupted", 200, code)
+    except httpx.ConnectError:
+        return made("unreached")
+    except httpx.TransportError as exc:
+        return made("interrupted", None, type(exc).__name__)
+
+
+def data_lines(response: httpx.Response) -> Iterator[str]:
+    """A stream's `data:` payloads, split at newlines alone: httpx's iter_lines also ends a line at characters
+    a random model writes (U+2028, U+0085), which JSON leaves unescaped inside a chunk's text."""
+    pending = b""
+    for piece in response.iter_bytes():
+        *lines, pending = (pending + piece).split(b"\n")
+        yield from (line.removeprefix(b"data: ").decode() for line in lines if line.startswith(b"data: "))
+
+
+def ok_turns(gateway: GatewayProcess, rollout_id: str) -> set[str]:
+    """The user messages of the rollout's stored turns that were answered."""
+    turns = stored_rollout(gateway, rollout_id)["turns"]
+    return {t["messages"][-1]["content"] for t in turns if t["status"] == "ok"}
+
+
+def _readiness(gateway: GatewayProcess) -> httpx.Response:
+    return httpx.get(f"{gateway.url}/readyz", timeout=TIMEOUT)
 
 
 def _request() -> dict[str, Any]:
