@@ -29,9 +29,9 @@ HEALTH = ("--health-interval", "0.5")
 @pytest.fixture(scope="module")
 def fleet(engines: SessionEngines, teacher_vllm, trainable_vllm) -> list[VLLMServer]:
     """Two servers of the policy ("tiny") of this module's own (`engines.fleet_engine`; the last test kills
-    one), the session's teacher as a side model ("teacher"), and the session's trainable server, a third of
-    the policy that the last test adds at run time (the others use it with the session's server for a fleet
-    of four)."""
+    one and restarts it), the session's teacher as a side model ("teacher"), and the session's trainable
+    server, a third of the policy that the last test adds at run time (the others use it with the session's
+    server for a fleet of four)."""
     return [engines.get("fleet_a"), engines.get("fleet_b"), teacher_vllm, trainable_vllm]
 
 
@@ -214,11 +214,12 @@ def test_a_group_started_at_once_spreads_over_the_fleet_within_the_bound(
         wait_for(lambda g=gateway: Counter({url: b["pinned"] for url, b in state_of(g).items()}) == spread)
 
 
-def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_run_time_takes_new_rollouts(
+def test_a_killed_server_costs_only_its_calls_in_flight_comes_back_restarted_and_an_added_one_takes_rollouts(
     fleet, start_gateway, databases
 ):
     """Agents call through one replica; another, idle, follows the fleet: the killed server is out of service
-    there too, and the server added and then drained through the first is used, then avoided, by it."""
+    there too, and the server added and then drained through the first is used, then avoided, by it. Both
+    stay ready while a server is out; the killed one, restarted, is back in service on both."""
     tiny_a, tiny_b, _, added = fleet
     db_url = databases.new("postgresql")
     gateway = start_gateway(db_url, *HEALTH, backends=[tiny_a.url, tiny_b.url], process=True)
@@ -273,6 +274,10 @@ def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_ru
     moved = [t for ts in turns.values() for t in ts if t["repinned_from"] is not None]
     assert moved and {t["repinned_from"] for t in moved} == {tiny_b.url}
     assert state_of(gateway)[tiny_b.url]["healthy"] is False
+    ejected = readiness(gateway)
+    assert (ejected.status_code, ejected.json()["ready"], ejected.json()["reasons"]) == (200, True, [])
+    assert ejected.json()["backends"]["servers"][tiny_b.url]["healthy"] is False
+    assert ejected.json()["backends"]["servers"][tiny_a.url]["healthy"] is True
 
     # A weight update while the fleet is one server short: the server added next must catch up first (it
     # served other gateways before: this one has given it nothing yet).
@@ -308,3 +313,16 @@ def test_a_killed_server_costs_only_its_calls_in_flight_and_a_server_added_at_ru
     )
     logs = gateway.log_path.read_text() + other.log_path.read_text()
     assert f"backend {tiny_b.url} healthy: admitted" not in logs
+
+    # Restarted (on its port), the killed server is re-admitted at the fleet's weights, on both replicas.
+    tiny_b.start()
+    for replica in (gateway, other):
+        wait_for(lambda r=replica: state_of(r)[tiny_b.url]["healthy"], "the restarted server re-admitted")
+    back = readiness(other)
+    assert (back.status_code, back.json()["backends"]["servers"][tiny_b.url]["healthy"]) == (200, True)
+    assert state_of(gateway)[tiny_b.url]["weight_version"] == "7"
+    assert f"backend {tiny_b.url} healthy: admitted" in gateway.log_path.read_text()
+
+
+def readiness(gateway: GatewayProcess) -> httpx.Response:
+    return httpx.get(f"{gateway.url}/readyz", timeout=TIMEOUT)
