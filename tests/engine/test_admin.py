@@ -65,16 +65,27 @@ def test_new_policy_version_stamps_the_turns_that_follow(fresh, rollout_id):
     assert [(t["policy_version"], t["policy_version_end"]) for t in turns] == [("3", "3"), ("4", "4")]
 
 
-def test_streamed_turn_survives_a_keep_mode_weight_update_and_records_its_versions(fresh, rollout_id):
+def preemptions(vllm) -> float:
+    """How many running requests vLLM has preempted (to compute them again) since it started."""
+    lines = httpx.get(f"{vllm.url}/metrics", timeout=TIMEOUT).text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("vllm:num_preemptions_total"))
+
+
+@pytest.mark.parametrize("clear_cache", [True, False], ids=["cache cleared", "cache kept"])
+def test_streamed_turn_survives_a_keep_mode_weight_update_and_records_its_versions_and_the_caches_fate(
+    fresh, rollout_id, vllm, clear_cache
+):
     gateway, _db_url = fresh("--mode", "exact", "--policy-version", "1")
     body = {**CHAT, "max_tokens": 1900, "min_tokens": 1900, "stream": True}
+    preempted = preemptions(vllm)
     try:
         with httpx.stream(
             "POST", gateway.agent_url(rollout_id) + "/chat/completions", json=body, timeout=TIMEOUT
         ) as reply:
             lines = reply.iter_lines()
             first = next(lines)
-            admin(gateway, "/pause", json={"mode": "keep"}).raise_for_status()
+            pause = {"mode": "keep", "clear_cache": clear_cache}
+            admin(gateway, "/pause", json=pause).raise_for_status()
             before = time.time()
             admin(gateway, "/policy_version", json={"version": "2"}).raise_for_status()
             after = time.time()
@@ -89,10 +100,12 @@ def test_streamed_turn_survives_a_keep_mode_weight_update_and_records_its_versio
     assert turn["policy_version"] == "1"
     # The version at completion: "2" if the turn finished after the update, "1" if before.
     if turn["finished_at"] > after:
-        assert turn["policy_version_end"] == "2"
+        assert (turn["policy_version_end"], turn["cache_kept"]) == ("2", not clear_cache)
     elif turn["finished_at"] < before:
-        assert turn["policy_version_end"] == "1"
+        assert (turn["policy_version_end"], turn["cache_kept"]) == ("1", None)
     assert len(turn["completion_token_ids"]) == 1900
+    # vLLM pauses after the first chunk, mid-reply: clearing its cache preempts the call to compute it again.
+    assert preemptions(vllm) - preempted == (1 if clear_cache else 0)
 
 
 def test_pause_timeout_answers_503_in_openai_format(fresh, rollout_id):
