@@ -27,12 +27,7 @@ from gateway.fleet.collector import LoadCollector
 from gateway.fleet.discovery import BackendFile
 from gateway.fleet.pool import BackendPool
 from gateway.metrics import Metrics
-from gateway.openai.protocol import (
-    ChatCompletionRequest,
-    ChatCompletionTokensRequest,
-    CompletionRequest,
-    TokenRouteRequest,
-)
+from gateway.openai.protocol import ChatCompletionTokensRequest, CompletionRequest, TokenRouteRequest
 from gateway.openai.router import router as openai_router
 from gateway.openai.router import tokens_router
 from gateway.openapi import install_docs, install_openapi
@@ -49,6 +44,7 @@ from gateway.telemetry import TurnSpans
 from gateway.turns.context import TurnContext
 from gateway.turns.local_render import LocalRenders
 from gateway.turns.recording import Recorder
+from gateway.turns.requests import ChatCompletionRequest
 from gateway.turns.traffic import Traffic
 from gateway.ui.context import ViewerContext
 from gateway.ui.router import router as ui_router

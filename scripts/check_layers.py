@@ -5,6 +5,7 @@ couples two modules as much as any other.
 
 - Each module of `gateway` belongs to one layer of `LAYERS` and imports only from its own layer or lower ones.
 - No circle of modules, whatever their layers.
+- The agents' dialects (`DIALECTS`) never import one another: what they share is the turn layer's.
 - `training_data` and `trainer_client` read the store's read contract (`READ_CONTRACT`) and nothing else of
   the gateway; `training_data` never imports `trainer_client`; of the gateway, only the viewer imports
   `training_data`, and nothing imports `trainer_client`.
@@ -51,6 +52,9 @@ READ_CONTRACT = (
 )
 """The store's read contract: the tables, the database, packed ids, the delta rebuild and the statuses; what
 `training_data` and `trainer_client` may import of the gateway (never the writer)."""
+DIALECTS = ("gateway.openai", "gateway.anthropic", "gateway.responses")
+"""The agent API's dialects: each reads its own wire into the turn layer's calls and writes their replies
+back, sharing with the others only what is under them, so that adding or changing one touches no other."""
 VIEWER = ("gateway.ui",)
 """The part of the gateway that shows what trains (`training_data`); the serving path never imports it."""
 
@@ -135,6 +139,10 @@ def _within(module: str, names: Iterable[str]) -> bool:
     return any(module == name or module.startswith(name + ".") for name in names)
 
 
+def _dialect(module: str) -> str | None:
+    return next((name for name in DIALECTS if _within(module, [name])), None)
+
+
 def findings(root: Path) -> Iterator[str]:
     known = modules(root, ("gateway", "training_data", "trainer_client", "testbed"))
     graph = {name: imported(name, path, known) for name, path in known.items()}
@@ -163,6 +171,8 @@ def _crossings(name: str, imports: list[str]) -> Iterator[str]:
             yield f"{name} imports {other}: {package} reads only the store's read contract"
         elif own is not None and (above := layer(other)) is not None and above < own:
             yield f"{name} imports {other}, which is in a layer above it"
+        elif (dialect := _dialect(name)) is not None and _dialect(other) not in (None, dialect):
+            yield f"{name} imports {other}: a dialect never imports another one"
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.openai.protocol import MAX_REPLY_TOKENS, ModelName
+from gateway.turns.requests import MAX_REPLY_TOKENS, ModelName
 
 
 class Message(BaseModel):

@@ -12,21 +12,23 @@ from starlette.responses import Response
 from gateway.anthropic.protocol import CountTokensRequest, MessageReply, MessagesRequest, TokenCount
 from gateway.anthropic.translate import to_chat
 from gateway.anthropic.wire import AnthropicWire
+from gateway.encoding import JsonResponse
 from gateway.errors import error_responses
 from gateway.ids import check_rollout_id
-from gateway.openai.protocol import ChatCompletionRequest
-from gateway.openai.router import read_call, validated
 from gateway.openapi import event_stream, raw_body
 from gateway.store.records import TurnRecord
 from gateway.turns.admission import admit, prompt_tokens
 from gateway.turns.capture import ChatCapture
 from gateway.turns.context import TurnContext, turn_context
 from gateway.turns.forward import forward
+from gateway.turns.intake import AgentRoute, read_call, validated
+from gateway.turns.requests import ChatCompletionRequest
 
 router = APIRouter(
     prefix="/rollouts/{rollout_id}/v1",
     tags=["agent"],
     responses=error_responses(400, 401, 404, 409, 413, 422, 502, 503, 504),
+    route_class=AgentRoute,
 )
 _STREAM = event_stream(
     "Anthropic's Messages events: message_start, content_block_start/delta/stop per block, message_delta, "
@@ -54,7 +56,7 @@ async def messages(rollout_id: str, request: Request, ctx: TurnContext = Depends
 @router.post("/messages/count_tokens", openapi_extra=raw_body(CountTokensRequest), response_model=TokenCount)
 async def count_tokens(
     rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
-) -> TokenCount:
+) -> Response:
     """The prompt's tokens as the served model's own template and tokenizer count them (vLLM's /tokenize)."""
     check_rollout_id(rollout_id)
     await admit(ctx, request, rollout_id)
@@ -64,4 +66,4 @@ async def count_tokens(
         rollout_id, "messages/count_tokens", chat["model"], False, ctx.recorder.policy_version, time.time()
     )
     capture = ChatCapture(record)
-    return TokenCount(input_tokens=await prompt_tokens(ctx, capture, chat))
+    return JsonResponse(TokenCount(input_tokens=await prompt_tokens(ctx, capture, chat)).model_dump())

@@ -12,10 +12,9 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from gateway.auth import check_agent_key
+from gateway.encoding import JsonResponse
 from gateway.errors import ApiError, error_responses
 from gateway.ids import check_rollout_id, new_id
-from gateway.openai.protocol import ChatCompletionRequest
-from gateway.openai.router import read_call, validated
 from gateway.openapi import event_stream, raw_body
 from gateway.responses.items import ResponseShape, stored_response
 from gateway.responses.protocol import ResponseObject, ResponsesRequest
@@ -25,11 +24,14 @@ from gateway.turns.admission import admit
 from gateway.turns.capture import ChatCapture
 from gateway.turns.context import TurnContext, turn_context
 from gateway.turns.forward import forward
+from gateway.turns.intake import AgentRoute, read_call, validated
+from gateway.turns.requests import ChatCompletionRequest
 
 router = APIRouter(
     prefix="/rollouts/{rollout_id}/v1",
     tags=["agent"],
     responses=error_responses(400, 401, 404, 409, 413, 422, 502, 503, 504),
+    route_class=AgentRoute,
 )
 _STREAM = event_stream(
     "Responses events: response.created, response.in_progress, output item and content part events with "
@@ -78,7 +80,7 @@ async def create_response(
 @router.get("/responses/{response_id}", response_model=ResponseObject)
 async def get_response(
     rollout_id: str, response_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
-) -> dict[str, Any]:
+) -> Response:
     """A response of this rollout as it was created (`store: false` responses are not kept)."""
     check_rollout_id(rollout_id)
     if ctx.rollout_keys:
@@ -86,7 +88,8 @@ async def get_response(
     turn = await _stored(ctx, rollout_id, response_id, None)
     request_fields = turn["request"] or {}
     _, names = chat_tools(request_fields.get("tools"))
-    return stored_response(ResponseShape(response_id, request_fields, names, turn["started_at"]), turn)
+    shape = ResponseShape(response_id, request_fields, names, turn["started_at"])
+    return JsonResponse(stored_response(shape, turn))
 
 
 async def _stored(ctx: TurnContext, rollout_id: str, response_id: str, param: str | None) -> dict[str, Any]:

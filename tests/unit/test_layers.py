@@ -1,7 +1,7 @@
 """The check that keeps the packages' imports pointing one way (`scripts/check_layers.py`, run by
 `scripts/dev check`): the project passes it, and it finds an import from a layer above, a circle of
-type-only imports, reads past the store's read contract, the serving path reading what trains, and shipped
-code needing the testbed."""
+type-only imports, a dialect importing another, reads past the store's read contract, the serving path reading
+what trains, and shipped code needing the testbed."""
 
 from __future__ import annotations
 
@@ -64,6 +64,25 @@ def test_a_circle_of_type_only_imports_is_found(tmp_path):
     )
 
     assert list(check.findings(root)) == ["a circle of 2 modules: gateway.fleet.health, gateway.fleet.pool"]
+
+
+def test_a_dialect_importing_another_is_found_and_one_importing_its_own_modules_is_not(tmp_path):
+    root = tree(
+        tmp_path,
+        {
+            "gateway/anthropic/router.py": "from gateway.openai.router import read_call\n"
+            "from gateway.anthropic.translate import to_chat\n",
+            "gateway/anthropic/translate.py": "",
+            "gateway/responses/protocol.py": "from gateway.openai import protocol\n",
+            "gateway/openai/router.py": "",
+            "gateway/openai/protocol.py": "",
+        },
+    )
+
+    assert list(check.findings(root)) == [
+        "gateway.anthropic.router imports gateway.openai.router: a dialect never imports another one",
+        "gateway.responses.protocol imports gateway.openai.protocol: a dialect never imports another one",
+    ]
 
 
 def test_reads_past_the_read_contract_and_the_serving_path_reading_what_trains_are_found(tmp_path):
