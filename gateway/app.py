@@ -23,7 +23,7 @@ from gateway.control.router import health_router
 from gateway.control.router import router as control_router
 from gateway.encoding import JsonResponse
 from gateway.errors import install_error_handlers
-from gateway.fleet.collector import LoadCollector
+from gateway.fleet.collector import LeaderCollector, LoadCollector
 from gateway.fleet.discovery import BackendFile
 from gateway.fleet.pool import BackendPool
 from gateway.metrics import Metrics
@@ -193,6 +193,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
     dependencies)."""
     metrics, traffic = Metrics(lambda: store.commits), Traffic(settings.pause_timeout)
     metrics.registry.register(LoadCollector(lambda: list(backends.servers.values())))
+    metrics.registry.register(LeaderCollector(backends.leaders))
     metrics.queued.set_function(lambda: backends.queued)
     backends.waited = metrics.stage["queue"].observe
     spans = TurnSpans(settings.otlp_endpoint) if settings.otlp_endpoint else None
@@ -211,6 +212,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
         require_registered=settings.require_registered_rollouts,
         max_body_bytes=settings.max_body_bytes,
         local_render=local_render,
+        leader_first=settings.leader_first,
     )
     app.state.control = ControlContext(
         store,

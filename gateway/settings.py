@@ -213,6 +213,14 @@ class Settings(BaseSettings):
         "counting a group declared with a size whole; load: the least loaded server, each rollout alone.",
         json_schema_extra=_in(Group.BACKENDS),
     )
+    leader_first: bool = Field(
+        default=True,
+        description="The first call of a rollout in a declared group (group_size over 1) has its server "
+        "compute its prompt first (a copy asking for one token) while the same prompt's calls from its "
+        "siblings wait for it: the group's shared prompt is computed once per server, not once per member. "
+        "Costs the first member one decoded token and a round trip.",
+        json_schema_extra=_in(Group.BACKENDS),
+    )
     pause_clear_cache: bool = Field(
         default=True,
         description="Whether an admin pause that does not say drops the servers' KV and prefix caches "

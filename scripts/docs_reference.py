@@ -208,13 +208,15 @@ def metrics_page() -> str:
     their first values): each process's, then the leader's."""
     from types import SimpleNamespace
 
-    from gateway.fleet.collector import LoadCollector
+    from gateway.fleet.collector import LeaderCollector, LoadCollector
+    from gateway.fleet.leaders import Leaders
     from gateway.fleet.servers import Server
     from gateway.metrics import STAGES, Metrics
     from gateway.replicas.facts import NAMES, RunFacts
     from gateway.store.backlog import Backlog
 
     metrics = Metrics()
+    metrics.registry.register(LeaderCollector(Leaders()))
     server = Server("http://vllm:8000", models=frozenset({"policy"}), prefix_cache_hit_rate=0.0)
     servers = SimpleNamespace(servers={server.url: server})
     metrics.registry.register(LoadCollector(lambda: [server]))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.fleet.leaders import Leaders
 from gateway.fleet.servers import Server
 
 _BACKEND = ["backend"]
@@ -48,6 +49,25 @@ class LoadCollector(Collector):
             errors.add_metric(url, server.errors)
             latency.add_metric(url, count_value=server.answered, sum_value=server.latency_total)
         yield from (in_flight, requests, errors, latency)
+
+
+class LeaderCollector(Collector):
+    """How often this process's group calls had their shared prompt computed once."""
+
+    def __init__(self, leaders: Leaders) -> None:
+        self._leaders = leaders
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "gateway_prompts_ahead",
+            "Prompts a group's first call had its server compute ahead of it (a copy asking for one token).",
+            value=self._leaders.led,
+        )
+        yield CounterMetricFamily(
+            "gateway_calls_behind",
+            "Calls that waited for their group's prompt, computed ahead by a sibling's call.",
+            value=self._leaders.followed,
+        )
 
 
 def fleet_facts(servers: Iterable[Server]) -> list[Metric]:

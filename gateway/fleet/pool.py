@@ -24,6 +24,7 @@ from gateway.fleet.http1 import (
     Http1Client,
     ReplyTimeout,
 )
+from gateway.fleet.leaders import Ahead, Leaders
 from gateway.fleet.placement import Placement
 from gateway.fleet.replies import BackendFailure, BackendReply, Routed
 from gateway.fleet.routing import usable
@@ -73,6 +74,7 @@ class BackendPool:
         for url in urls:
             self.add(url, healthy=True)
         self.placement = Placement(self.servers)
+        self.leaders = Leaders()
         self.weights = FleetWeights()
         self.eject_after = eject_after
         """Failed health checks in a row before a server takes no more calls."""
@@ -124,19 +126,24 @@ class BackendPool:
     def forget(self, rollout_id: str) -> None:
         self.placement.forget(rollout_id)
 
-    async def send(self, rollout_id: str, path: str, body: bytes, model: str | None = None) -> Routed:
+    async def send(
+        self, rollout_id: str, path: str, body: bytes, model: str | None = None, ahead: Ahead | None = None
+    ) -> Routed:
         """POST to the rollout's server; a server that refuses the connection is ejected and the rollout moves
         to another one (the request never reached it). A server slow to accept one is busy, not dead: it
         stays, and the call is refused for its client to retry.
 
         Raises BackendFailure: unreachable when no server accepts a connection, busy, queue_full, timeout,
-        or failed.
+        or failed. `ahead`: the call is its group's first, whose prompt is computed once for it and its
+        siblings (`gateway.fleet.leaders`).
         """
         moved_from: str | None = None
         last_error: Exception | None = None
         for _ in range(len(self.servers)):
             server, left = await self.route(rollout_id, model)
             moved_from = moved_from or left
+            if ahead is not None:
+                await self.leaders.first(server.url, ahead, partial(self._compute, server, ahead))
             await self._connection(server)
             started = time.monotonic()
             server.in_flight += 1
@@ -175,6 +182,18 @@ class BackendPool:
             return Routed(server.url, BackendReply(connection, partial(_left, server)), moved_from)
         message = f"no backend reachable ({', '.join(self.servers)}): {last_error!r}"
         raise BackendFailure("unreachable", message) from last_error
+
+    async def _compute(self, server: Server, ahead: Ahead) -> None:
+        """Have the server compute the prompt of `ahead` (its copy's reply, read to the end)."""
+        await self._connection(server)
+        server.in_flight += 1
+        server.requests += 1
+        try:
+            connection = await self._post(server.url, ahead.path, ahead.copy)
+        except BaseException:
+            _left(server)
+            raise
+        await BackendReply(connection, partial(_left, server)).body()
 
     async def _connection(self, server: Server) -> None:
         """Take one of the server's connections, waiting in the queue while all are busy. Past `max_queued`

@@ -147,7 +147,12 @@ class Operations:
     def _created(self, new: NewRollout) -> RolloutState:
         """Remember a rollout this transaction created: running, no turns yet."""
         state = RolloutState(
-            RolloutStatus.RUNNING, new.mode, new.api_key_hash, new.limits, sampling=new.sampling
+            RolloutStatus.RUNNING,
+            new.mode,
+            new.api_key_hash,
+            new.limits,
+            sampling=new.sampling,
+            group_size=new.group_size,
         )
         self._caches.set_state(new.rollout_id, state)
         self._caches.hold_lineage(new.rollout_id, Lineage())

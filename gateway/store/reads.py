@@ -27,7 +27,13 @@ def _state_query() -> Any:
         .scalar_subquery()
     )
     return select(
-        r.c.status, r.c.mode, r.c.api_key_hash, r.c.limits, r.c.sampling, calls.label("calls")
+        r.c.status,
+        r.c.mode,
+        r.c.api_key_hash,
+        r.c.limits,
+        r.c.sampling,
+        calls.label("calls"),
+        r.c.group_size,
     ).where(r.c.rollout_id == rollout_id)
 
 
@@ -38,8 +44,8 @@ def rollout_state(conn: Connection, rollout_id: str) -> RolloutState | None:
     row = _STATE.first(conn, {"rollout_id": rollout_id})
     if row is None:
         return None
-    status, mode, api_key_hash, limits, sampling, calls = row
-    return RolloutState(status, mode, api_key_hash, Limits.from_json(limits), calls, sampling)
+    status, mode, api_key_hash, limits, sampling, calls, group_size = row
+    return RolloutState(status, mode, api_key_hash, Limits.from_json(limits), calls, sampling, group_size)
 
 
 def response_turn(conn: Connection, rollout_id: str, response_id: str) -> dict[str, Any] | None:

@@ -127,6 +127,8 @@ class RolloutState:
     """Model calls answered so far (turns with status ok, one per call whatever its number of choices)."""
     sampling: dict[str, Any] | None = None
     """Sampling fields imposed on the rollout's calls (over the gateway's --sampling)."""
+    group_size: int | None = None
+    """The members its group was declared with: its first call leads its siblings'."""
 
 
 @dataclass

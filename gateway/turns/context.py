@@ -31,6 +31,8 @@ class TurnContext:
     max_body_bytes: int
     local_render: LocalRenders
     """Exact mode's renderers in the gateway's process (`--local-render`); the backend renders the rest."""
+    leader_first: bool = False
+    """Whether a group's first call has its prompt computed ahead of its siblings' (`--leader-first`)."""
 
 
 async def turn_context(request: Request) -> TurnContext:

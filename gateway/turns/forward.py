@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 from gateway.errors import ApiError, StoreUnavailable, backend_error_detail
+from gateway.fleet.leaders import Ahead
 from gateway.fleet.replies import BackendReply, BackendStreamError
 from gateway.store.records import RolloutState, TurnRecord
 from gateway.store.status import Mode
@@ -31,7 +32,7 @@ from gateway.turns.recording import Recorder
 from gateway.turns.relay import RelayResponse, StreamFailure, relay
 from gateway.turns.sampling import imposed, merged
 from gateway.turns.sse import sse_batches
-from gateway.turns.upstream import send
+from gateway.turns.upstream import ahead_of, send
 from gateway.turns.wire import Wire
 
 
@@ -155,12 +156,14 @@ async def _turn(
         counted = await count_prompt(ctx, capture, call.body)
         ctx.recorder.timed("render", started)
         cap_reply(upstream, check_context_limit(counted, limits.max_context_tokens))
+    leads = ctx.leader_first and rollout is not None and not rollout.calls and (rollout.group_size or 0) > 1
+    ahead = ahead_of(capture, upstream) if leads else None
     sent = time.perf_counter()
     if call.stream:
-        reply = await send(ctx.backends, capture, upstream)
+        reply = await send(ctx.backends, capture, upstream, ahead=ahead)
         chunks = _chunks(ctx.recorder, capture, reply, asked, wire, sent)
         return RelayResponse(relay(ctx.recorder, capture, reply, chunks, wire), partial(_leave, ctx))
-    return await _whole(ctx, capture, upstream, asked, wire, sent)
+    return await _whole(ctx, capture, upstream, asked, wire, sent, ahead)
 
 
 def _leave(ctx: TurnContext) -> None:
@@ -169,9 +172,15 @@ def _leave(ctx: TurnContext) -> None:
 
 
 async def _whole(
-    ctx: TurnContext, capture: TurnCapture, upstream: dict[str, Any], asked: Asked, wire: Wire, sent: float
+    ctx: TurnContext,
+    capture: TurnCapture,
+    upstream: dict[str, Any],
+    asked: Asked,
+    wire: Wire,
+    sent: float,
+    ahead: Ahead | None,
 ) -> Response:
-    reply = await send(ctx.backends, capture, upstream)
+    reply = await send(ctx.backends, capture, upstream, ahead=ahead)
     try:
         raw = await reply.body()
     except BackendStreamError as exc:

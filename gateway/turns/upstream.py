@@ -3,24 +3,33 @@ error record is written once, by `forward`, whatever step failed."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import orjson
 
 from gateway.encoding import dumps
 from gateway.errors import ApiError, backend_answer, backend_failure
+from gateway.fleet.leaders import Ahead
 from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure, BackendReply, BackendStreamError
 from gateway.turns.capture import TurnCapture
 
 
 async def send(
-    backends: BackendPool, capture: TurnCapture, body: dict[str, Any], path: str | None = None
+    backends: BackendPool,
+    capture: TurnCapture,
+    body: dict[str, Any],
+    path: str | None = None,
+    ahead: Ahead | None = None,
 ) -> BackendReply:
-    """POST to the rollout's backend; an answer other than 200 is raised as the agent's error."""
+    """POST to the rollout's backend; an answer other than 200 is raised as the agent's error. `ahead`: what
+    a group's first call sends before it (`gateway.fleet.leaders`)."""
     record = capture.record
     try:
-        routed = await backends.send(record.rollout_id, path or capture.path, dumps(body), record.model)
+        routed = await backends.send(
+            record.rollout_id, path or capture.path, dumps(body), record.model, ahead
+        )
         record.backend, reply = routed.url, routed.reply
         record.repinned_from = record.repinned_from or routed.repinned_from
     except BackendFailure as exc:
@@ -53,3 +62,38 @@ async def post_json(
     if not isinstance(answer, dict):
         raise ApiError(502, f"backend sent an unexpected reply to {path}", "backend_error")
     return answer
+
+
+PROMPT_FIELDS = (
+    "model",
+    "messages",
+    "prompt",
+    "tools",
+    "tool_choice",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "documents",
+    "kv_transfer_params",
+)
+"""What shapes a call's prompt (exact mode gives its ids in `kv_transfer_params`); sampling fields do not."""
+_COPY_DROPS = (
+    "stream",
+    "stream_options",
+    "max_completion_tokens",
+    "min_tokens",
+    "n",
+    "best_of",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+)
+
+
+def ahead_of(capture: TurnCapture, body: dict[str, Any]) -> Ahead:
+    """What a group's first call sends before it: its body asking for one token, not streamed, and the
+    digest of what shapes its prompt, which its siblings share."""
+    shaping = dumps({name: body[name] for name in PROMPT_FIELDS if name in body})
+    copy = {name: value for name, value in body.items() if name not in _COPY_DROPS} | {"max_tokens": 1}
+    return Ahead(hashlib.blake2b(shaping, digest_size=16).hexdigest(), capture.path, dumps(copy))

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from gateway.fleet.leaders import Ahead, Leaders
 from gateway.fleet.replies import BackendFailure, BackendStreamError, Routed
 from gateway.fleet.servers import Server
 from gateway.fleet.weight_versions import FleetWeights
@@ -85,12 +86,19 @@ class FakeEngine:
         self._replies: defaultdict[str, deque[FakeReply | BackendFailure]] = defaultdict(deque)
         self.weights = FleetWeights()
         self.ejected: Any = None
+        self.leaders = Leaders()
+        self.aheads: list[tuple[str, Ahead]] = []
+        """The calls that led their group's, with what they sent ahead."""
 
     def answer(self, path: str, reply: FakeReply | BackendFailure) -> None:
         self._replies[path].append(reply)
 
-    async def send(self, rollout_id: str, path: str, body: bytes, model: str | None = None) -> Routed:
+    async def send(
+        self, rollout_id: str, path: str, body: bytes, model: str | None = None, ahead: Ahead | None = None
+    ) -> Routed:
         self.requests.append((path, orjson.loads(body)))
+        if ahead is not None:
+            self.aheads.append((rollout_id, ahead))
         reply = self._replies[path].popleft()
         if isinstance(reply, BackendFailure):
             raise reply

@@ -1,0 +1,138 @@
+"""The leader goes first: a declared group's first calls that reach one server with one prompt have it
+computed once, by a copy of the first asking for one token, and the others sent only once it has been
+answered; later calls, and groups without a declared size, go straight through."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from gateway.fleet.leaders import Ahead, Leaders
+from gateway.fleet.pool import BackendPool
+
+from support import until
+from support.fake_engine import chat_reply, chat_stream
+from support.raw_http import Serve, read_request
+
+pytestmark = pytest.mark.anyio
+
+
+async def create(gw, rollout_id: str, **fields: object) -> None:
+    answer = await gw.client.post("/rollouts", json={"rollout_id": rollout_id, "group_id": "g", **fields})
+    assert answer.status_code == 201, answer.text
+
+
+async def call(gw, rollout_id: str, **body: object) -> None:
+    streamed = chat_stream([1, 2], [(3, "ok")]) if body.get("stream") else chat_reply([1, 2], [3], "ok")
+    gw.engine.answer("/v1/chat/completions", streamed)
+    answer = await gw.chat(rollout_id, max_tokens=64, min_tokens=8, logprobs=True, **body)
+    assert answer.status_code == 200, answer.text
+
+
+async def test_a_declared_groups_first_calls_send_their_prompt_ahead_and_later_calls_do_not(gw):
+    for member in ("a", "b"):
+        await create(gw, member, group_size=2)
+
+    await call(gw, "a", seed=1, stream=True)
+    await call(gw, "b", seed=2)
+    await call(gw, "a", seed=1)
+
+    (first, led), (second, followed) = gw.engine.aheads
+    assert (first, second) == ("a", "b")
+    assert led.prompt == followed.prompt  # the seed and streaming shape no prompt
+    assert led.path == "/v1/chat/completions"
+    copy = orjson.loads(led.copy)
+    assert copy["max_tokens"] == 1
+    assert not {"stream", "stream_options", "min_tokens", "logprobs"} & copy.keys()
+    assert copy["messages"] == [{"role": "user", "content": "hi"}]
+
+
+async def test_calls_of_groups_without_a_declared_size_or_with_leader_first_off_go_straight(start):
+    undeclared, off = await start(), await start(leader_first=False)
+    await create(undeclared, "a")
+    await create(off, "a", group_size=2)
+
+    await call(undeclared, "a")
+    await call(off, "a")
+
+    assert (undeclared.engine.aheads, off.engine.aheads) == ([], [])
+
+
+async def test_calls_with_one_prompt_on_one_server_wait_for_the_one_that_computes_it():
+    leaders, computed, release = Leaders(), [], asyncio.Event()
+
+    async def compute() -> None:
+        computed.append("prompt")
+        await release.wait()
+
+    ahead = Ahead("p", "/v1/chat/completions", b"{}")
+    calls = [asyncio.create_task(leaders.first("http://s0", ahead, compute)) for _ in range(3)]
+    other_server = asyncio.create_task(leaders.first("http://s1", ahead, compute))
+    other_prompt = asyncio.create_task(leaders.first("http://s0", Ahead("q", "", b""), compute))
+    await until(lambda: len(computed) == 3, "each server's and each prompt's computation to start")
+    waiting = [task.done() for task in calls]
+
+    release.set()
+    await asyncio.gather(*calls, other_server, other_prompt)
+
+    assert waiting == [False, False, False]
+    assert (leaders.led, leaders.followed) == (3, 2)
+
+
+async def test_a_copy_that_fails_lets_the_calls_behind_it_go_on():
+    leaders, started, fail = Leaders(), asyncio.Event(), asyncio.Event()
+
+    async def fails() -> None:
+        started.set()
+        await fail.wait()
+        raise OSError("reset")
+
+    ahead = Ahead("p", "", b"")
+    first = asyncio.create_task(leaders.first("http://s0", ahead, fails))
+    await started.wait()
+    behind = asyncio.create_task(leaders.first("http://s0", ahead, fails))
+    await until(lambda: leaders.followed == 1, "the second call waiting for the first's copy")
+    fail.set()
+    await asyncio.gather(first, behind)
+
+    assert (leaders.led, leaders.followed) == (1, 1)
+
+
+async def test_the_server_gets_the_copy_alone_then_every_call_of_the_group(serve: Serve):
+    seen: list[bytes] = []
+    answer_copy = asyncio.Event()
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server) -> None:
+        try:
+            while True:
+                body = (await read_request(reader)).partition(b"\r\n\r\n")[2]
+                seen.append(body)
+                if body == b'{"copy":1}':
+                    await answer_copy.wait()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            writer.close()
+
+    url = await serve(engine)
+    pool = BackendPool([url], timeout=60, connect_timeout=60, max_connections=8, max_queued=16)
+    pool.servers[url].healthy = True
+    ahead = Ahead("p", "/v1/chat/completions", b'{"copy":1}')
+    try:
+        calls = [
+            asyncio.create_task(pool.send(f"r{i}", "/v1/chat/completions", b'{"call":%d}' % i, ahead=ahead))
+            for i in range(3)
+        ]
+        await until(lambda: pool.leaders.followed == 2 and seen, "two calls waiting behind the copy")
+        while_computing = list(seen)
+        answer_copy.set()
+        bodies = [await routed.reply.body() for routed in await asyncio.gather(*calls)]
+    finally:
+        await pool.close()
+
+    assert while_computing == [b'{"copy":1}']
+    assert sorted(seen[1:]) == [b'{"call":0}', b'{"call":1}', b'{"call":2}']
+    assert bodies == [b"{}"] * 3
+    assert [server.in_flight for server in pool.servers.values()] == [0]
