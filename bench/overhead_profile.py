@@ -3,6 +3,7 @@ same request, rollouts of 20 calls): the gateway's CPU per call by thread (the e
 writer), its context switches per call, and, with `--py-spy`, a sampled profile grouped by component.
 
     python bench/overhead_profile.py [--store sqlite|postgresql] [--connections 1] [--requests 3000]
+    python bench/overhead_profile.py --dialect messages   # the same call in Anthropic's Messages dialect
     python bench/overhead_profile.py --py-spy profile.txt   # needs `pip install py-spy` (not a dependency)
 
 CPU time is read from /proc (Linux), so it is not inflated by other processes' load the way wall time is.
@@ -24,11 +25,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import fake_vllm
+import orjson
 import sqlalchemy as sa
-from gateway_overhead import POSTGRES_URL, Client, agent_body, paths_for
+from gateway_overhead import POSTGRES_URL, TURNS_PER_ROLLOUT, Client, agent_body
 
 from gateway.store.database import make_engine
 from testbed.launcher import GatewayProcess
@@ -45,7 +48,10 @@ COMPONENTS = [  # (component, path fragments of the sampled leaf frame), the fir
     ),
     ("HTTP server (uvicorn)", ["uvicorn/"]),
     ("framework (starlette, fastapi)", ["starlette/", "fastapi/", "contextlib"]),
-    ("request reading and validation", ["gateway/openai/", "pydantic/"]),
+    (
+        "request reading, validation, translation",
+        ["gateway/turns/intake", "gateway/openai/", "gateway/anthropic/", "pydantic/"],
+    ),
     (
         "forwarding, recording, metrics",
         ["gateway/turns/", "gateway/metrics", "prometheus_client/", "dataclasses"],
@@ -77,14 +83,34 @@ def switches(pid: int) -> tuple[int, int]:
     return voluntary, involuntary
 
 
-async def run(port: int, body: bytes, connections: int, requests: int) -> list[float]:
+def messages_body() -> bytes:
+    """The chat request of `bench/gateway_overhead.py` as Anthropic's Messages sends it: the gateway
+    translates it to that chat request, and the reply back."""
+    chat = orjson.loads(agent_body())
+    system, *messages = chat.pop("messages")
+    return orjson.dumps({**chat, "system": system["content"], "messages": messages})
+
+
+DIALECTS = {"chat": ("chat/completions", agent_body), "messages": ("messages", messages_body)}
+"""Each dialect's endpoint under a rollout's `/v1`, and its request body."""
+
+
+def paths_for(endpoint: str) -> Iterator[str]:
+    """One connection's request paths: a new rollout every `TURNS_PER_ROLLOUT` calls."""
+    while True:
+        path = f"/rollouts/{uuid.uuid4().hex}/v1/{endpoint}"
+        for _ in range(TURNS_PER_ROLLOUT):
+            yield path
+
+
+async def run(port: int, endpoint: str, body: bytes, connections: int, requests: int) -> list[float]:
     """`requests` calls spread over `connections` connections; each call's latency in ms."""
     clients = [Client("127.0.0.1", port) for _ in range(connections)]
     await asyncio.gather(*(c.connect() for c in clients))
     latencies: list[float] = []
 
     async def loop(client: Client, count: int) -> None:
-        paths = paths_for("gateway")
+        paths = paths_for(endpoint)
         for _ in range(count):
             started = time.perf_counter()
             if await client.post(next(paths), body) != 200:
@@ -116,6 +142,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--store", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument("--dialect", choices=sorted(DIALECTS), default="chat")
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument(
@@ -135,11 +162,12 @@ def main() -> int:
     db_url = (
         f"{POSTGRES_URL}?options=-csearch_path%3D{schema}" if admin is not None else f"sqlite:///{work}/p.db"
     )
-    body = agent_body()
+    endpoint, make_body = DIALECTS[args.dialect]
+    body = make_body()
     try:
         with GatewayProcess([f"http://127.0.0.1:{upstream_port}"], db_url, log_path=work / "gw.log") as gw:
             gateway_pid = gw.pid
-            asyncio.run(run(gw.port, body, 1, 200))  # warm-up
+            asyncio.run(run(gw.port, endpoint, body, 1, 200))  # warm-up
             spy = None
             if args.py_spy is not None:
                 command = [
@@ -157,7 +185,7 @@ def main() -> int:
                 time.sleep(1.0)
             cpu_before, switches_before = thread_cpu(gw.pid), switches(gw.pid)
             started = time.perf_counter()
-            latencies = asyncio.run(run(gw.port, body, args.connections, args.requests))
+            latencies = asyncio.run(run(gw.port, endpoint, body, args.connections, args.requests))
             elapsed = time.perf_counter() - started
             cpu_after, switches_after = thread_cpu(gw.pid), switches(gw.pid)
             if spy is not None:
@@ -177,8 +205,9 @@ def main() -> int:
     voluntary = (switches_after[0] - switches_before[0]) / calls
     involuntary = (switches_after[1] - switches_before[1]) / calls
     print(
-        f"{args.store}, {args.connections} connection(s), {calls} calls, load {os.getloadavg()[0]:.1f}: "
-        f"p50 {statistics.median(latencies):.2f} ms, {calls / elapsed:.0f} calls/s"
+        f"{args.dialect}, {args.store}, {args.connections} connection(s), {calls} calls, "
+        f"load {os.getloadavg()[0]:.1f}: p50 {statistics.median(latencies):.2f} ms, "
+        f"{calls / elapsed:.0f} calls/s"
     )
     print(
         f"gateway CPU per call {loop_cpu + sum(others):.3f} ms: event loop {loop_cpu:.3f}, store writer "
