@@ -18,12 +18,9 @@ async def store_reasons(control: ControlContext) -> list[str]:
     """The store as the agent path sees it: on PostgreSQL, the heartbeats that keep agent calls admitted
     (without them calls are refused, 503 `store_unavailable`); then, on either store, a read through the
     engine the calls use, which also tells the schema's revision."""
-    replica = control.replica
-    if not replica.confirmed():
-        return [
-            f"store unreachable: no heartbeat went through in {replica.timeout / 2:g} s "
-            "(half of --process-timeout): agent calls are refused"
-        ]
+    unconfirmed = control.replica.unconfirmed()
+    if unconfirmed is not None:
+        return [f"store unreachable: {unconfirmed}: agent calls are refused"]
     try:
         revision = await asyncio.to_thread(current_revision, control.store.engine)
     except Exception as exc:  # whatever the driver raises, the store did not answer

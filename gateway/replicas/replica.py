@@ -96,6 +96,9 @@ class Replica:
         self._confirmed = -math.inf
         """When this process last began a heartbeat (or its registration) that went through: the store's
         record of it is no older, so this process stops serving before any other takes it for dead."""
+        self._failed = -math.inf
+        """When it last began a heartbeat that failed: calls admitted until the next one goes through could
+        not be stored, so it serves none."""
         self._metrics_at = 0.0
         self._share_samples = settings.workers > 1
         """Whether its heartbeats carry its metrics, for its port's other workers to add up."""
@@ -216,7 +219,17 @@ class Replica:
 
     def confirmed(self) -> bool:
         """Whether this process has confirmed the run state with the store recently enough to serve."""
-        return not self.shared or time.monotonic() - self._confirmed < self.timeout / 2
+        return self.unconfirmed() is None
+
+    def unconfirmed(self) -> str | None:
+        """Why this process serves no agent call now (the store out of reach), or None."""
+        if not self.shared:
+            return None
+        if self._failed > self._confirmed:
+            return "its last heartbeat failed"
+        if time.monotonic() - self._confirmed >= self.timeout / 2:
+            return f"no heartbeat went through in {self.timeout / 2:g} s (half of --process-timeout)"
+        return None
 
     # -- following ------------------------------------------------------------------------------------------
 
@@ -239,6 +252,7 @@ class Replica:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # whatever broke the way to the store, try again
+                self._failed = time.monotonic()
                 if self.leads:
                     log.warning("process %s no longer leads", self.process_id)
                 self.leads = False
@@ -279,6 +293,7 @@ class Replica:
             except LookupError:  # taken for dead: the loop registers it again
                 epoch = self.held.epoch + 1
             except Exception:  # the store is out of reach: the loop's heartbeat says so, and retries
+                self._failed = max(self._failed, began)
                 continue
             else:
                 self._confirmed = max(self._confirmed, began)

@@ -20,6 +20,12 @@ from gateway.turns.capture import TurnCapture
 
 log = logging.getLogger(__name__)
 
+CANCELLED = (
+    "cancelled before the end of the stream: the client disconnected, or the gateway stopped at its "
+    "--shutdown-timeout"
+)
+"""A cancelled turn's error: from inside the call, an agent leaving and a shutdown cutting it look alike."""
+
 
 class Recorder:
     def __init__(
@@ -92,10 +98,9 @@ class Recorder:
         await self._store.writer.insert_turns([record])
 
     def cancelled(self, capture: TurnCapture) -> None:
-        """The agent went away: store what was generated, without awaiting (this task is being cancelled)."""
-        records = self._ended(
-            capture, TurnStatus.CANCELLED, "client disconnected before the end of the stream"
-        )
+        """The agent went away (or a shutdown cut the call): store what was generated, without awaiting (this
+        task is being cancelled)."""
+        records = self._ended(capture, TurnStatus.CANCELLED, CANCELLED)
         for record in records:
             self._account(record, 499)
         self._metrics.errors.labels(reason="cancelled").inc()

@@ -10,6 +10,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from gateway.turns.recording import CANCELLED
 from testbed.launcher import GatewayProcess
 from testbed.process import free_port
 
@@ -74,7 +75,7 @@ def test_client_leaving_mid_stream_leaves_a_cancelled_turn(gateway, rollout_id):
     wait_for(lambda: stored_rollout(gateway, rollout_id)["turns"], "the cancelled turn stored")
     (turn,) = stored_rollout(gateway, rollout_id)["turns"]
     assert turn["status"] == "cancelled"
-    assert turn["error"] == "client disconnected before the end of the stream"
+    assert turn["error"] == CANCELLED
     assert len(turn["prompt_token_ids"]) > 0
     assert 4 <= len(turn["completion_token_ids"]) < 30000
     assert len(turn["completion_logprobs"]) == len(turn["completion_token_ids"])
@@ -186,6 +187,6 @@ def test_a_client_leaving_a_stream_stops_the_call_at_once_even_when_the_engine_o
     assert engine.dropped, "the gateway relayed the engine's whole reply after the client left"
     assert (turn["status"], turn["error"]) == (
         "cancelled",
-        "client disconnected before the end of the stream",
+        CANCELLED,
     )
     assert 4 <= len(turn["completion_token_ids"]) < 200_000

@@ -100,10 +100,7 @@ async def test_a_replica_cut_off_from_its_store_is_unready_as_it_refuses_agent_c
     store = Store(db)
     settings = Settings(db=db, backend=[URL], heartbeat_interval=0.1, process_timeout=2)
     app = create_app(settings, store=store, backends=FakeEngine())
-    cut_off = [
-        "store unreachable: no heartbeat went through in 1 s (half of --process-timeout): "
-        "agent calls are refused"
-    ]
+    cut_off = ["store unreachable: its last heartbeat failed: agent calls are refused"]
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client,

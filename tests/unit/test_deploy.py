@@ -419,19 +419,21 @@ def test_two_replicas_roll_one_at_a_time_and_a_disruption_keeps_one() -> None:
     assert one("Service", "rl-gateway")["spec"]["selector"] == GATEWAY_POD
 
 
-def test_shutdown_waits_out_the_prestop_sleep_and_the_longest_call() -> None:
+def test_shutdown_cuts_and_records_calls_before_the_grace_period_kills_the_process() -> None:
     (container,) = [
         c for c in kubernetes_containers() if c.where == "Deployment rl-gateway, container gateway"
     ]
     _, settings = gateway_settings(container)
     pod = one("Deployment", "rl-gateway")["spec"]["template"]["spec"]
     assert container.spec["lifecycle"] == {"preStop": {"exec": {"command": ["/bin/sleep", "5"]}}}
-    assert settings.backend_timeout == 600
-    # 5 s asleep, then the calls in flight: the grace covers a call whose backend sends nothing for the
-    # whole --backend-timeout before it fails
+    # 5 s asleep, then 600 s for the calls in flight, which are then cut and stored: 15 s to spare before
+    # the kill, which would leave them unrecorded
+    assert settings.shutdown_timeout == 600
     assert pod["terminationGracePeriodSeconds"] == 620
-    grace = {c.where: c.spec["stop_grace_period"] for c in compose_containers() if c.args[:1] == ["serve"]}
+    composed = [c for c in compose_containers() if c.args[:1] == ["serve"]]
+    grace = {c.where: c.spec["stop_grace_period"] for c in composed}
     assert grace == {"compose.yaml's gateway-a": "620s", "compose.yaml's gateway-b": "620s"}
+    assert {gateway_settings(c)[1].shutdown_timeout for c in composed} == {600}
 
 
 def test_the_gateway_pods_are_scraped_on_their_port() -> None:
