@@ -64,7 +64,7 @@ async def post_json(
     return answer
 
 
-PROMPT_FIELDS = (
+_PROMPT_FIELDS = (
     "model",
     "messages",
     "prompt",
@@ -94,6 +94,6 @@ _COPY_DROPS = (
 def ahead_of(capture: TurnCapture, body: dict[str, Any]) -> Ahead:
     """What a group's first call sends before it: its body asking for one token, not streamed, and the
     digest of what shapes its prompt, which its siblings share."""
-    shaping = dumps({name: body[name] for name in PROMPT_FIELDS if name in body})
+    shaping = dumps({name: body[name] for name in _PROMPT_FIELDS if name in body})
     copy = {name: value for name, value in body.items() if name not in _COPY_DROPS} | {"max_tokens": 1}
     return Ahead(hashlib.blake2b(shaping, digest_size=16).hexdigest(), capture.path, dumps(copy))
