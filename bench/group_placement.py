@@ -27,7 +27,7 @@ reaches it for `--hold` seconds (vLLM's own pause), as a server busy with a step
 meanwhile, and wall times include that hold.
 
 The last lines put the counts on paper: what each placement would prefill for one training step of a
-16-server fleet with groups of 8 and 30,000-token prompts, by the copies of each group's prompt it made here.
+16-server fleet with groups of 8 and 30,000-token prompts, by how spread each group's calls were here.
 """
 
 from __future__ import annotations
@@ -315,13 +315,17 @@ def run(servers: list[VLLMServer], args: argparse.Namespace, work: Path, system:
     return copies
 
 
-def on_paper(copies: dict[str, float]) -> None:
-    """One step of a 16-server fleet: 64 groups of 8 (512 rollouts, 32 a server), 30,000-token prompts."""
-    groups, prompt = 64, 30_000
-    print("\nOn paper: one step of 16 servers, 64 groups of 8, 30,000-token first prompts")
+def on_paper(copies: dict[str, float], servers: int, size: int) -> None:
+    """One step of a 16-server fleet: 64 groups of 8 (512 rollouts, 32 a server), 30,000-token prompts. A
+    placement's copies of a group's prompt there are read off how spread it was here, from together (1 copy)
+    to as spread as `servers` allowed a group of `size` (as many copies as servers or members), scaled to the
+    8 a group of 8 can reach on 16 servers."""
+    groups, prompt, widest = 64, 30_000, min(size, servers)
+    print(f"\nOn paper: one step of 16 servers, {groups} groups of 8, 30,000-token first prompts")
     print(f"{'placement':<36} {'copies/group':>13} {'first-turn prefill':>19}")
     print(f"{'every member alone (no sharing)':<36} {8:>13.2f} {groups * 8 * prompt:>19,}")
-    for name, per_group in copies.items():
+    for name, measured in copies.items():
+        per_group = 1 + (measured - 1) * (8 - 1) / (widest - 1)
         print(f"{name:<36} {per_group:>13.2f} {groups * per_group * prompt:>19,.0f}")
 
 
@@ -354,7 +358,7 @@ def main() -> int:
         copies: dict[str, float] = {}
         for count in args.servers:
             copies = run(fleet[:count], args, work, system)
-        on_paper(copies)
+        on_paper(copies, max(args.servers), max(args.group_sizes))
     finally:
         for server in fleet:
             server.stop()
