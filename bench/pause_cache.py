@@ -6,8 +6,12 @@ prompt tokens vLLM computes again and the calls' wall time, read from a real vLL
 Each round streams `--calls` calls at once through the gateway, each with a long prompt of its own and a
 `--tokens` reply; once every call has sent its first token, the trainer's update runs: `POST /admin/pause
 {"mode": "keep", "clear_cache": ...}`, a new policy version, resume (no weights are written: the cost is the
-caches'). It prints the prompt tokens computed (prefix-cache queries less hits), the preemptions vLLM counts
-and the wall time from the first call to the last token, for each choice, and their medians over the rounds.
+caches'). It prints the prompt tokens computed (prefix-cache queries less hits), the preemptions vLLM counts,
+the tokens those preemptions compute again, and the wall time from the first call to the last token, for
+each choice, and their medians over the rounds. vLLM counts a request's prefill once, at its first
+scheduling: a preempted request's prompt and the tokens it had generated, computed again when it resumes,
+are not in its prefill counters, so they are counted here from the preemptions (each call's prompt and the
+tokens it had when the update came, at least its first).
 """
 
 from __future__ import annotations
@@ -78,7 +82,8 @@ def update(gateway: GatewayProcess, clear_cache: bool, version: str) -> None:
 def one_round(
     gateway: GatewayProcess, server: VLLMServer, args: argparse.Namespace, words: str, clear_cache: bool
 ) -> tuple[float, float, float]:
-    """(prompt tokens computed, preemptions, wall seconds) of one update with `--calls` streams in flight."""
+    """(prompt tokens computed at first prefills, preemptions, wall seconds) of one update with `--calls`
+    streams in flight."""
     run = uuid.uuid4().hex[:8]
     firsts = [threading.Event() for _ in range(args.calls)]
     before = counts(server)
@@ -116,6 +121,10 @@ def main() -> int:
     try:
         probe = httpx.post(f"{server.url}/tokenize", json={"model": "tiny", "prompt": WORDS}, timeout=30)
         words = WORDS * max(1, args.prompt_tokens // len(probe.raise_for_status().json()["tokens"]))
+        rendered = {"model": "tiny", "messages": [{"role": "user", "content": f"Call 00000000-0. {words}"}]}
+        prompt = (
+            httpx.post(f"{server.url}/tokenize", json=rendered, timeout=30).raise_for_status().json()["count"]
+        )
         with GatewayProcess(
             [server.url], f"sqlite:///{work / 'bench.db'}", log_path=work / "gw.log"
         ) as gateway:
@@ -123,19 +132,28 @@ def main() -> int:
                 f"{args.calls} streams of {args.tokens} tokens with ~{args.prompt_tokens}-token prompts in "
                 "flight, a keep-mode update each round\n"
             )
-            print(f"{'caches':<10} {'round':>5} {'computed':>23} {'preemptions':>12} {'wall s':>7}")
+            print(
+                f"{'caches':<10} {'round':>5} {'computed':>9} {'preemptions':>12} {'again':>8} {'wall s':>7}"
+            )
             results: dict[str, list[tuple[float, float, float]]] = {"cleared": [], "kept": []}
             for round_ in range(args.rounds):
                 for name, clear in (("cleared", True), ("kept", False)):
                     computed, preempted, seconds = one_round(gateway, server, args, words, clear)
                     results[name].append((computed, preempted, seconds))
-                    print(f"{name:<10} {round_ + 1:>5} {computed:>23,.0f} {preempted:>12.0f} {seconds:>7.1f}")
+                    again = preempted * (prompt + 1)
+                    print(
+                        f"{name:<10} {round_ + 1:>5} {computed:>9,.0f} {preempted:>12.0f} {again:>8,.0f} "
+                        f"{seconds:>7.1f}"
+                    )
             print()
             for name, rows in results.items():
                 computed, preempted, seconds = (
                     statistics.median(column) for column in zip(*rows, strict=True)
                 )
-                print(f"{name:<10} {'median':>5} {computed:>23,.0f} {preempted:>12.0f} {seconds:>7.1f}")
+                print(
+                    f"{name:<10} {'median':>5} {computed:>9,.0f} {preempted:>12.0f} "
+                    f"{preempted * (prompt + 1):>8,.0f} {seconds:>7.1f}"
+                )
     finally:
         server.stop()
     return 0
