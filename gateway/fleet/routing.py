@@ -71,14 +71,13 @@ def place(
             return home, Reason.GROUP
     fitting = [s for s in candidates if s.pinned + max(adds, 1) <= bound]
     if not fitting:  # a group larger than any server's room: the least loaded take it
-        least = min(s.pinned for s in candidates)
-        fitting = [s for s in candidates if s.pinned == least]
-    candidates = fitting
+        lowest = min(s.pinned for s in candidates)
+        fitting = [s for s in candidates if s.pinned == lowest]
     spread = zlib.crc32(key.encode())
-    least = min(
-        candidates, key=lambda s: (s.in_flight, s.pinned, (zlib.crc32(s.url.encode()) ^ spread) & 0xFFFF)
+    chosen = min(
+        fitting, key=lambda s: (s.in_flight, s.pinned, (zlib.crc32(s.url.encode()) ^ spread) & 0xFFFF)
     )
-    return least, Reason.SPLIT if homes else Reason.LOAD
+    return chosen, Reason.SPLIT if homes else Reason.LOAD
 
 
 LOAD_BOUND = 1.25
