@@ -138,6 +138,7 @@ def test_admin_api_requires_the_token_when_one_is_set(fresh):
         "paused": False,
         "pause_mode": None,
         "paused_by": None,
+        "cache_kept": False,
         "in_flight": 0,
         "waiting": 0,
         "policy_version": "0",
