@@ -41,9 +41,9 @@ class Leaders:
         """Calls that waited for a copy another call sent."""
 
     async def first(self, url: str, ahead: Ahead, compute: Callable[[], Awaitable[None]]) -> None:
-        """Return once the prompt of `ahead` is in the server's cache: at once if another call of this
-        process is computing it (then when it is done), else after `compute` has had it computed. A copy that
-        fails lets the calls go on: each computes the prompt itself, as without a leader."""
+        """Return once the prompt of `ahead` is in the server's cache: when another call of this process that
+        is computing it is done, else after `compute` has had it computed. A copy that fails lets the calls go
+        on: each computes the prompt itself, as without a leader."""
         key = (url, ahead.prompt)
         computing = self._computing.get(key)
         if computing is not None:
