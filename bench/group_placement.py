@@ -51,6 +51,8 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from prefix_cache_routing import cache_counts
+
 from testbed.launcher import GatewayProcess
 from testbed.tiny_model import build_tiny_model
 from testbed.vllm_server import VLLMServer
@@ -68,19 +70,6 @@ class Outcome:
     busiest: int
     idlest: int
     seconds: float
-
-
-def cache_counts(servers: list[VLLMServer]) -> tuple[float, float]:
-    """Prefix-cache (hits, queries) in tokens, summed over the servers."""
-    hits = queries = 0.0
-    for server in servers:
-        for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
-            name, _, value = line.rpartition(" ")
-            if name.startswith("vllm:prefix_cache_hits_total"):
-                hits += float(value)
-            elif name.startswith("vllm:prefix_cache_queries_total"):
-                queries += float(value)
-    return hits, queries
 
 
 def system_prompt(server: VLLMServer, tokens: int) -> str:
