@@ -25,6 +25,7 @@ from gateway.encoding import JsonResponse
 from gateway.errors import install_error_handlers
 from gateway.fleet.collector import LeaderCollector, LoadCollector
 from gateway.fleet.discovery import BackendFile
+from gateway.fleet.kv_events import KvEvents
 from gateway.fleet.pool import BackendPool
 from gateway.metrics import Metrics
 from gateway.openai.protocol import ChatCompletionTokensRequest, CompletionRequest, TokenRouteRequest
@@ -74,6 +75,8 @@ def create_app(
             placement.pin_store = parts.store.pin
             placement.by_group = settings.placement == Placement.GROUP
             placement.placed = lambda reason: parts.metrics.placements.labels(reason=reason).inc()
+            if settings.kv_events:
+                parts.backends.follow_events(KvEvents(parts.backends.prefixes, settings.kv_events))
         for url in parts.backends.urls:
             capable = await parts.backends.probe_scale_out(url)
             if capable is None:
@@ -197,7 +200,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
     metrics.queued.set_function(lambda: backends.queued)
     backends.waited = metrics.stage["queue"].observe
     spans = TurnSpans(settings.otlp_endpoint) if settings.otlp_endpoint else None
-    recorder = Recorder(store, metrics, settings.policy_version, spans)
+    recorder = Recorder(store, metrics, settings.policy_version, spans, backends.prefixes)
     replica = Replica(settings, store, backends, traffic, recorder, metrics)
     local_render, lifecycle = LocalRenders(), Lifecycle()
     app.state.tokens = Tokens(settings.control_token, settings.admin_token)

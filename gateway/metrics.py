@@ -71,7 +71,8 @@ class Metrics:
             "gateway_placements",
             "Rollouts this process pinned to a server, by why it chose that one: group (beside its group's "
             "members), split (its group's servers held their share), load (the least loaded server: the "
-            "first of its group, or --placement load).",
+            "first of its group, or --placement load), history (a rollout that moved: the server holding the "
+            "most of its history).",
             ["reason"],
             registry=self.registry,
         )

@@ -213,6 +213,16 @@ class Settings(BaseSettings):
         "counting a group declared with a size whole; load: the least loaded server, each rollout alone.",
         json_schema_extra=_in(Group.BACKENDS),
     )
+    kv_events: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="Where the servers publish their KV-cache events (vLLM's --kv-events-config with "
+        "enable_kv_cache_events and the zmq publisher): `tcp://{host}:5557` for every server ({host}: the "
+        "server's host), or `URL=ENDPOINT` for one; repeat the flag (the variable: comma-separated) for "
+        "several. The gateway then knows which blocks each server's prefix cache holds, evictions included, "
+        "and a rollout that must move goes where most of its history is; without, it knows only the ids of "
+        "the calls it sent each server.",
+        json_schema_extra=_in(Group.BACKENDS),
+    )
     leader_first: bool = Field(
         default=True,
         description="The first call of a rollout in a declared group (group_size over 1) has its server "
@@ -462,6 +472,21 @@ class Settings(BaseSettings):
             value = [part for part in value.split(",") if part.strip()]
         if isinstance(value, list):
             return [str(v).strip().rstrip("/") for v in value]
+        return value
+
+    @field_validator("kv_events", mode="before")
+    @classmethod
+    def _split_kv_events(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            value = [str(v).strip() for v in value]
+            for entry in value:
+                endpoint = entry.rpartition("=")[2]
+                if not endpoint.startswith(("tcp://", "ipc://")):
+                    raise ValueError(
+                        f"{entry!r}: not a ZMQ endpoint (tcp://HOST:PORT or ipc://PATH), alone or after URL="
+                    )
         return value
 
 

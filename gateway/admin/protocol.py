@@ -52,6 +52,11 @@ class BackendView(BaseModel):
     """Time to the reply's headers, smoothed over recent calls."""
     prefix_cache_hit_rate: float | None
     """The server's own prefix-cache hit rate (its /metrics), since it started."""
+    cached_blocks: int
+    """Blocks of its prefix cache the answering process knows it holds (where a moving rollout goes)."""
+    cached_known_from: Literal["events", "calls"]
+    """events: its KV-cache events (`--kv-events`), exact; calls: the ids of the calls this process sent it,
+    which never tell what it evicted."""
     weight_version: str | None
     """The weight version the gateway gave it (`/admin/policy_version`); None if never given one."""
     reloads: int

@@ -3,7 +3,8 @@ load (`gateway.fleet.routing`) and agreed through the store (`gateway.store.pins
 process sends a rollout's calls to the same server (its prefix cache holds the rollout's history). The load
 a new pin is chosen by is the store's count of running rollouts on each server, taken in the transaction
 that pins it, by group: the members of a group starting together, through any processes, see each other and
-join their group's server while it holds no more than its share (`gateway.fleet.routing`)."""
+join their group's server while it holds no more than its share (`gateway.fleet.routing`). A rollout that
+moves goes where the servers' caches hold most of its history, as `gateway.fleet.prefixes` knows them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import replace
 
+from gateway.fleet.prefixes import PrefixIndex
 from gateway.fleet.replies import BackendFailure
 from gateway.fleet.routing import Reason, choose, place, usable
 from gateway.fleet.servers import Server
@@ -25,8 +27,9 @@ _PINS_KEPT = 100_000
 
 
 class Placement:
-    def __init__(self, servers: dict[str, Server]) -> None:
+    def __init__(self, servers: dict[str, Server], prefixes: PrefixIndex) -> None:
         self.servers = servers
+        self.prefixes = prefixes
         self.pin_store: PinStore | None = None
         """Set by the app to share pins through the store; without it pins live in this process only."""
         self.by_group = True
@@ -62,10 +65,13 @@ class Placement:
                 """The choice by the store's loads (in the store's writer thread, in its transaction)."""
                 nonlocal reason
                 loaded = [replace(s, pinned=loads.servers.get(s.url, 0)) for s in servers]
+                cached = None
+                if loads.history is not None:
+                    cached = self.prefixes.cached(loads.history, [s.url for s in servers])
                 if self.by_group:
-                    found = place(loaded, loads.group_id, model, loads.group, loads.adds)
+                    found = place(loaded, loads.group_id, model, loads.group, loads.adds, cached)
                 else:
-                    found = place(loaded, rollout_id, model)
+                    found = place(loaded, rollout_id, model, cached=cached)
                 if found is None:
                     return candidate.url
                 reason = found[1]

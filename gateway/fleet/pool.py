@@ -24,8 +24,10 @@ from gateway.fleet.http1 import (
     Http1Client,
     ReplyTimeout,
 )
+from gateway.fleet.kv_events import KvEvents
 from gateway.fleet.leaders import Ahead, Leaders
 from gateway.fleet.placement import Placement
+from gateway.fleet.prefixes import PrefixIndex
 from gateway.fleet.replies import BackendFailure, BackendReply, Routed
 from gateway.fleet.routing import usable
 from gateway.fleet.servers import Server
@@ -71,9 +73,14 @@ class BackendPool:
         self.waited: Callable[[float], None] = lambda _seconds: None
         """Called with the seconds each call waited for a connection (the metrics' queue stage)."""
         self.servers: dict[str, Server] = {}
+        self.events: KvEvents | None = None
+        """Reads the servers' KV-cache events into `prefixes` (`follow_events`)."""
         for url in urls:
             self.add(url, healthy=True)
-        self.placement = Placement(self.servers)
+        self.prefixes = PrefixIndex()
+        """What each server's prefix cache holds (a moving rollout goes where most of its history is)."""
+        self.placement = Placement(self.servers, self.prefixes)
+
         self.leaders = Leaders()
         self.weights = FleetWeights()
         self.eject_after = eject_after
@@ -109,13 +116,24 @@ class BackendPool:
             connections = asyncio.Semaphore(self.max_connections)
             server = self.servers[url] = Server(url, healthy, added_at=time.time(), connections=connections)
             log.info("backend %s added", url)
+            if self.events is not None:
+                self.events.follow(url)
         return server
+
+    def follow_events(self, events: KvEvents) -> None:
+        """Read the KV-cache events of every server, those that join later too (`--kv-events`)."""
+        self.events = events
+        for url in self.servers:
+            events.follow(url)
 
     def remove(self, url: str) -> None:
         """The server leaves: its rollouts move to others on their next call (calls in flight finish). Its
         idle connections are closed at once, the others as their calls end."""
         if self.servers.pop(url, None) is not None:
             self._calls.forget(url)
+            if self.events is not None:
+                self.events.leave(url)
+            self.prefixes.forget(url)
             log.info("backend %s removed", url)
 
     # -- calls ----------------------------------------------------------------------------------------------
@@ -358,6 +376,8 @@ class BackendPool:
     async def close(self) -> None:
         self._calls.close()
         await self._session.close()
+        if self.events is not None:
+            await self.events.close()
 
 
 def _left(server: Server) -> None:

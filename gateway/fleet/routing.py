@@ -15,6 +15,10 @@ other groups stays under the bound, the next server holding some otherwise; only
 does a group split onto a new server. The load counts a group declared with a size whole from its first
 member (`gateway.store.pins.Loads`), so that servers balance by groups. Ties go by the group's id, so that
 siblings placed at one moment agree.
+
+A rollout that must move (its server failed, left or no longer serves its model) goes first to the server
+holding the most of its history in its prefix cache (`gateway.fleet.prefixes`), while that server is under
+the bound; else where its group is, as a new member would.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class Reason(StrEnum):
     """Its group's servers held their share: the least loaded other server."""
     LOAD = "load"
     """No member of its group placed yet (or placement by load alone): the least loaded server."""
+    HISTORY = "history"
+    """A moving rollout: the server whose prefix cache holds the most of its history."""
 
 
 def choose(servers: Iterable[Server], rollout_id: str, model: str | None) -> Server | None:
@@ -56,14 +62,20 @@ def place(
     model: str | None,
     group: Mapping[str, int] | None = None,
     adds: int = 1,
+    cached: Mapping[str, int] | None = None,
 ) -> tuple[Server, Reason] | None:
     """The server for a new member of a group whose part of each server's load (`Server.pinned`) is
     `group`, and why; `adds`: the load placing it adds (a declared group's first member brings its siblings'
-    seats; a member its group's home holds a seat for adds none). Ties go by `key`."""
+    seats; a member its group's home holds a seat for adds none); `cached`: for a moving rollout, the ids of
+    its history each server holds. Ties go by `key`."""
     candidates = [s for s in servers if usable(s, model) and not s.draining]
     if not candidates:
         return None
     bound = share_bound(sum(s.pinned for s in candidates) + adds, len(candidates))
+    if cached:
+        holding = [s for s in candidates if cached.get(s.url) and s.pinned < bound]
+        if holding:
+            return min(holding, key=lambda s: (-cached[s.url], s.pinned, s.url)), Reason.HISTORY
     group = group or {}
     homes = sorted((s for s in candidates if group.get(s.url)), key=lambda s: (-group[s.url], s.url))
     for home in homes:

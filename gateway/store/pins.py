@@ -18,10 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import NamedTuple
 
+import numpy as np
 from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Connection
 
 from gateway.store import schema
+from gateway.store.delta import rebuild
+from gateway.store.tokens import unpack_ids
 
 
 class Pin(NamedTuple):
@@ -49,6 +52,9 @@ class Loads(NamedTuple):
     adds: int
     """The load placing the rollout adds: none where its group's home holds a seat for it, its group's
     declared size for a declared group's first member placed (seats for the others come with it), else one."""
+    history: np.ndarray | None = None
+    """A rollout moving off its server: its last turn's prompt and reply ids, which the servers' caches may
+    hold (`gateway.fleet.prefixes`)."""
 
 
 Pick = Callable[[Loads], str]
@@ -70,7 +76,10 @@ def pin(conn: Connection, rollout_id: str, pick: Pick, usable: Collection[str]) 
     if current is not None and current in usable:
         return Pin(current, None, placed=False)
     _lock_placement(conn)
-    candidate = pick(loads(conn, row.group_id, row.group_size))
+    fleet = loads(conn, row.group_id, row.group_size)
+    if current is not None:
+        fleet = fleet._replace(history=history(conn, rollout_id))
+    candidate = pick(fleet)
     condition = r.c.backend.is_(None) if current is None else r.c.backend == current
     moved = conn.execute(
         update(r).where(r.c.rollout_id == rollout_id, condition).values(backend=candidate)
@@ -130,3 +139,34 @@ def loads(conn: Connection, group_id: str, group_size: int | None) -> Loads:
             own = part
             adds = (0 if members else seats) if seats else 1
     return Loads(servers, group_id, own, adds)
+
+
+def history(conn: Connection, rollout_id: str) -> np.ndarray | None:
+    """The ids of the rollout's last answered turn, its prompt and its reply (None before any)."""
+    t = schema.turns
+    rows = (
+        conn.execute(
+            select(
+                t.c.turn_index,
+                t.c.status,
+                t.c.parent_turn,
+                t.c.forked_from,
+                t.c.prefix_tokens,
+                t.c.prompt_ids,
+                t.c.completion_ids,
+            )
+            .where(t.c.rollout_id == rollout_id)
+            .order_by(t.c.turn_index)
+        )
+        .mappings()
+        .all()
+    )
+    answered = [row["turn_index"] for row in rows if row["status"] == "ok"]
+    if not answered:
+        return None
+    full = rebuild(rows)
+    last = next(row for row in rows if row["turn_index"] == answered[-1])
+    ids: np.ndarray = np.concatenate(
+        [full[last["turn_index"]].prompt_ids, unpack_ids(last["completion_ids"])]
+    )
+    return ids

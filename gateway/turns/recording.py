@@ -9,7 +9,10 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
+
 from gateway.errors import StoreUnavailable
+from gateway.fleet.prefixes import PrefixIndex
 from gateway.metrics import Metrics
 from gateway.store.lineage import Node
 from gateway.store.records import RolloutState, StoreError, TurnRecord
@@ -29,10 +32,17 @@ CANCELLED = (
 
 class Recorder:
     def __init__(
-        self, store: Store, metrics: Metrics, policy_version: str, spans: TurnSpans | None = None
+        self,
+        store: Store,
+        metrics: Metrics,
+        policy_version: str,
+        spans: TurnSpans | None = None,
+        prefixes: PrefixIndex | None = None,
     ) -> None:
         self._store = store
         self._metrics = metrics
+        self._prefixes = prefixes
+        """Told each answered turn's ids: its server's prefix cache holds them (`gateway.fleet.prefixes`)."""
         self.spans = spans
         """Each ended turn's trace span, with --otlp-endpoint."""
         self.policy_version = policy_version
@@ -78,6 +88,11 @@ class Recorder:
         self.timed("commit", started)
         for record in records:
             self._account(record, 200)
+        if self._prefixes is not None and records[0].backend is not None:
+            longest = max(records, key=lambda record: record.completion_ids.shape[0])
+            self._prefixes.saw(
+                records[0].backend, np.concatenate([longest.prompt_ids, longest.completion_ids])
+            )
 
     async def failed(self, capture: TurnCapture, status: int, message: str) -> None:
         """The call failed after it was admitted: an error turn with what had been captured."""

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from gateway.fleet.leaders import Ahead, Leaders
+from gateway.fleet.prefixes import PrefixIndex
 from gateway.fleet.replies import BackendFailure, BackendStreamError, Routed
 from gateway.fleet.servers import Server
 from gateway.fleet.weight_versions import FleetWeights
@@ -87,6 +88,7 @@ class FakeEngine:
         self.weights = FleetWeights()
         self.ejected: Any = None
         self.leaders = Leaders()
+        self.prefixes = PrefixIndex()
         self.aheads: list[tuple[str, Ahead]] = []
         """The calls that led their group's, with what they sent ahead."""
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gateway.fleet.discovery import BackendFile
@@ -18,7 +19,7 @@ from gateway.fleet.pool import BackendPool
 from gateway.fleet.routing import Reason, choose, place, share_bound
 from gateway.fleet.servers import Server
 from gateway.store.database import ensure_schema
-from gateway.store.records import NewRollout
+from gateway.store.records import NewRollout, TurnRecord
 from gateway.store.store import Store
 
 
@@ -217,6 +218,18 @@ def test_declared_groups_placed_one_by_one_fill_the_servers_evenly_even_when_one
     assert [s.pinned for s in fleet] == [16, 16, 16]
 
 
+def test_a_moving_rollout_goes_to_the_server_holding_most_of_its_history_before_its_group_and_load():
+    fleet = loaded(2, 3, 3)  # 8 + 1 over 3 servers: the bound is 4
+    cached = {"http://s1": 512, "http://s2": 2048}
+    assert place(fleet, "g", None, {"http://s1": 3}, cached=cached) == (fleet[2], Reason.HISTORY)
+
+
+def test_a_server_holding_a_moving_rollouts_history_but_its_share_of_rollouts_is_passed_over():
+    # 20 + 1 over 2 servers: the bound is 14; s1 holds it.
+    fleet = loaded(6, 14)
+    assert place(fleet, "g", None, {}, cached={"http://s1": 4096}) == (fleet[0], Reason.LOAD)
+
+
 def new(rollout_id: str, group_id: str, size: int | None) -> NewRollout:
     return NewRollout(rollout_id=rollout_id, group_id=group_id, group_size=size)
 
@@ -278,3 +291,41 @@ async def test_the_members_of_a_group_whose_server_is_ejected_move_together(plac
     assert len({server.url for server, _ in moved}) == 1
     assert {left for _, left in moved} == {home}
     assert reasons == [Reason.LOAD, Reason.GROUP, Reason.GROUP, Reason.GROUP]
+
+
+@pytest.mark.anyio
+async def test_a_rollout_whose_server_fails_moves_where_its_last_turn_is_cached_not_where_its_group_is(
+    placing,
+):
+    pool, store = placing
+    reasons: list[Reason] = []
+    servers = await burst(pool, store, groups=1, size=2, declared=True)
+    (home,) = servers["g0"]
+    prompt, reply = np.arange(100, 400, dtype=np.int32), np.arange(7, 39, dtype=np.int32)
+    await store.writer.insert_turns(
+        [
+            TurnRecord(
+                rollout_id="g0-m0",
+                endpoint="chat",
+                model=None,
+                stream=False,
+                policy_version="v0",
+                started_at=0.0,
+                finished_at=1.0,
+                backend=home,
+                prompt_ids=prompt,
+                completion_ids=reply,
+            )
+        ]
+    )
+    elsewhere = sorted(url for url in pool.servers if url != home)
+    pool.prefixes.saw(elsewhere[1], np.concatenate([prompt, reply])[:160])  # ten blocks of its history
+    pool.prefixes.saw(elsewhere[0], prompt[:64])
+    pool.servers[home].healthy = False
+    pool.placement.placed = reasons.append
+
+    moved, left = await pool.route("g0-m0", None)
+    sibling, _ = await pool.route("g0-m1", None)  # no turn yet: it goes where its group now is
+
+    assert (moved.url, left, reasons[0]) == (elsewhere[1], home, Reason.HISTORY)
+    assert (sibling.url, reasons[1]) == (elsewhere[1], Reason.GROUP)
