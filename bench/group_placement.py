@@ -49,6 +49,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -87,6 +88,14 @@ Target = Callable[[str, int], str]
 """(rollout id, its group) -> the base URL its next call goes to."""
 
 
+def first_messages(run: str, g: int, system: str) -> list[dict[str, str]]:
+    """A member of group `g`'s first prompt: the group's system prompt and task."""
+    return [
+        {"role": "system", "content": f"Run {run}, group {g}. {system}"},
+        {"role": "user", "content": f"Task {run}-{g}: the test test_{g}_parser fails; find out why."},
+    ]
+
+
 def engines(servers: list[VLLMServer], path: str, **params: str) -> None:
     """One of vLLM's development endpoints on every server (`/pause`, `/resume`)."""
     for server in servers:
@@ -112,10 +121,7 @@ def burst(
     first_done = {g: threading.Event() for g in range(groups)}
 
     def member(rollout_id: str, g: int, m: int) -> None:
-        messages = [
-            {"role": "system", "content": f"Run {run}, group {g}. {system}"},
-            {"role": "user", "content": f"Task {run}-{g}: the test test_{g}_parser fails; find out why."},
-        ]
+        messages: list[Any] = first_messages(run, g, system)
         if leader_first and m > 0:
             first_done[g].wait()
         for turn in range(turns):
@@ -232,16 +238,7 @@ def floor(servers: list[VLLMServer], system: str, groups: int, size: int, turns:
     first = (
         httpx.post(
             f"{servers[0].url}/tokenize",
-            json={
-                "model": "tiny",
-                "messages": [
-                    {"role": "system", "content": f"Run 00000000, group 0. {system}"},
-                    {
-                        "role": "user",
-                        "content": "Task 00000000-0: the test test_0_parser fails; find out why.",
-                    },
-                ],
-            },
+            json={"model": "tiny", "messages": first_messages("00000000", 0, system)},
             timeout=30,
         )
         .raise_for_status()

