@@ -28,12 +28,13 @@ except ModuleNotFoundError as missing:  # an install for the store's reads alone
         "pip install 'rl-gateway[server]'"
     ) from None
 
-_REPEATABLE = ("backend", "local_render")
+_REPEATABLE = ("backend", "local_render", "kv_events")
 """Settings given once per item (one flag each)."""
 _METAVARS = {
     "backend": "URL",
     "local_render": "'MODEL [ARGS]'",
     "backend_file": "FILE",
+    "kv_events": "[URL=]ENDPOINT",
     "db": "URL",
     "public_url": "URL",
     "otlp_endpoint": "URL",

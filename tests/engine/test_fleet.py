@@ -261,10 +261,14 @@ def test_a_rollout_whose_server_leaves_moves_to_the_server_whose_kv_events_say_i
     assert stored_rollout(gateway, "moving")["turns"][1]["repinned_from"] == tiny_b.url
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=TIMEOUT).text
     assert 'gateway_placements_total{reason="history"} 1.0' in metrics
-    # A cleared cache is an event too: after a weight update's pause that drops it, nothing is held.
+    # A cleared cache is an event too: after a weight update's pause that drops it, nothing is held. vLLM
+    # publishes its events as its engine steps: a short call (no whole block) makes it step.
     admin(gateway, "/pause", json={"clear_cache": True}).raise_for_status()
     admin(gateway, "/resume").raise_for_status()
+    admin(gateway, "/backends/drain", json={"url": third.url}).raise_for_status()
+    call(gateway, "after-the-update")
     wait_for(lambda: state_of(gateway)[tiny_a.url]["cached_blocks"] == 0, "the cleared cache read")
+    assert backends_of(gateway, "after-the-update") == [tiny_a.url]
 
 
 def test_a_killed_server_costs_only_its_calls_in_flight_comes_back_restarted_and_an_added_one_takes_rollouts(

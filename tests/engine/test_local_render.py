@@ -7,7 +7,6 @@ import re
 import shlex
 
 import httpx
-import pytest
 from test_exact_mode import TURNS, run_agent
 
 from testbed.tiny_model import CHAT_TEMPLATE
@@ -46,25 +45,6 @@ def kept(turn: dict) -> dict:
     return {key: turn[key] for key in ("prompt_token_ids", "completion_token_ids", "splice", "parent_turn")}
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_local_render_stores_the_turns_the_backends_render_does_and_takes_over_after_one_turn(
-    start_gateway, databases, db_kind, vllm, stream
-):
-    by_backend = start_gateway(databases.new(db_kind), "--mode", "exact")
-    # (a process: it loads vLLM's renderer, which the test process need not, and its log is read)
-    here = start_gateway(databases.new(db_kind), "--mode", "exact", *local_render(vllm), process=True)
-
-    replies, turns = rollout_turns(by_backend, stream)
-    before = renders_served(vllm)
-    local_replies, local_turns = rollout_turns(here, stream)
-
-    assert without_call_ids(local_replies) == without_call_ids(replies)
-    assert [kept(t) for t in local_turns] == [kept(t) for t in turns]
-    assert [t["splice"] for t in local_turns] == ["render"] + ["exact"] * (TURNS - 1)
-    assert renders_served(vllm) - before == 1  # the first turn, rendered by both to compare
-    assert "the gateway's render of tiny matches its backend's" in here.log_path.read_text()
-
-
 def chat_turns(gateway, reply: str = "[a-z]{3,8}") -> list[dict]:
     """Three turns of answers matching `reply` (short ones by default) on the model's own template; the
     turns stored."""
@@ -76,21 +56,31 @@ def chat_turns(gateway, reply: str = "[a-z]{3,8}") -> list[dict]:
     return stored_rollout(gateway, rollout_id)["turns"]
 
 
-def test_local_render_closes_replies_cut_by_max_tokens_as_the_backends_render_does(
+def test_local_render_stores_the_turns_the_backends_render_does_and_takes_over_after_one_turn(
     start_gateway, databases, db_kind, vllm
 ):
+    """Tool-calling agents whole and streamed, and replies every one cut by max_tokens (closed as the
+    backend's render closes them), through one gateway: the backend renders once, to earn its trust."""
     by_backend = start_gateway(databases.new(db_kind), "--mode", "exact")
+    # (a process: it loads vLLM's renderer, which the test process need not, and its log is read)
     here = start_gateway(databases.new(db_kind), "--mode", "exact", *local_render(vllm), process=True)
     endless = "[a-z]{500}"  # longer than the calls' max_tokens: every reply is cut
 
-    turns = chat_turns(by_backend, endless)
+    expected = [rollout_turns(by_backend, stream) for stream in (False, True)]
+    cut = chat_turns(by_backend, endless)
     before = renders_served(vllm)
-    local_turns = chat_turns(here, endless)
+    local = [rollout_turns(here, stream) for stream in (False, True)]
+    local_cut = chat_turns(here, endless)
 
-    assert [kept(t) for t in local_turns] == [kept(t) for t in turns]
-    assert [t["finish_reason"] for t in local_turns] == ["length"] * 3
-    assert [t["splice"] for t in local_turns] == ["render", "exact", "exact"]
-    assert renders_served(vllm) - before == 1
+    for (replies, turns), (local_replies, local_turns) in zip(expected, local, strict=True):
+        assert without_call_ids(local_replies) == without_call_ids(replies)
+        assert [kept(t) for t in local_turns] == [kept(t) for t in turns]
+        assert [t["splice"] for t in local_turns] == ["render"] + ["exact"] * (TURNS - 1)
+    assert [kept(t) for t in local_cut] == [kept(t) for t in cut]
+    assert [t["finish_reason"] for t in local_cut] == ["length"] * 3
+    assert [t["splice"] for t in local_cut] == ["render", "exact", "exact"]
+    assert renders_served(vllm) - before == 1  # the first turn, rendered by both to compare
+    assert "the gateway's render of tiny matches its backend's" in here.log_path.read_text()
 
 
 def test_local_render_unlike_the_backends_leaves_rendering_to_the_backend(

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import zmq
 
+from gateway.cli import build_parser, settings_from
 from gateway.fleet import prefixes
 from gateway.fleet.kv_events import KvEvents, endpoint_for
 from gateway.fleet.prefixes import PrefixIndex, keys
@@ -217,3 +218,17 @@ async def test_a_payload_that_is_not_vllms_is_skipped_and_reading_goes_on(
         assert index.cached(ids(40), [server]) == {server: 32}
     finally:
         await events.close()
+
+
+def test_the_kv_events_flag_is_given_once_per_entry():
+    command = [
+        "serve",
+        "--kv-events",
+        "tcp://{host}:5557",
+        "--kv-events",
+        "http://c:9000=tcp://10.0.0.9:6000",
+    ]
+    assert settings_from(build_parser().parse_args(command)).kv_events == [
+        "tcp://{host}:5557",
+        "http://c:9000=tcp://10.0.0.9:6000",
+    ]
