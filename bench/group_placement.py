@@ -26,9 +26,9 @@ alone and has its prompt cached before the next step, so each run meets busy ser
 reaches it for `--hold` seconds (vLLM's own pause), as a server busy with a step holds a burst that arrives
 meanwhile, and wall times include that hold.
 
-`--blocks N` gives each server a KV cache of N blocks of 128 tokens (vLLM's `--num-gpu-blocks-override`, with
-`--max-model-len 8192`), small enough that placements which spread a group evict: a prompt evicted before its
-sibling's call arrives is computed again.
+`--blocks N` gives each server a KV cache of N blocks of 128 tokens (vLLM's `--num-gpu-blocks-override`),
+small enough that placements which spread a group evict: a prompt evicted before its sibling's call arrives
+is computed again.
 
 The last lines put the counts on paper: what each placement would prefill for one training step of a
 16-server fleet with groups of 8 and 30,000-token prompts, by how spread each group's calls were here.
@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prefix_cache_routing import cache_counts
 
 from testbed.launcher import GatewayProcess
-from testbed.tiny_model import CONTEXT, build_tiny_model
+from testbed.tiny_model import build_tiny_model
 from testbed.vllm_server import VLLMServer
 
 TOKENS = 16
@@ -344,7 +344,6 @@ def main() -> int:
             model,
             log_path=work / f"vllm-{i}.log",
             extra_args=budget,
-            max_model_len=CONTEXT if args.blocks is None else 8192,
         )
         for i in range(max(args.servers))
     ]

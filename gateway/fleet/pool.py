@@ -80,7 +80,6 @@ class BackendPool:
         self.prefixes = PrefixIndex()
         """What each server's prefix cache holds (a moving rollout goes where most of its history is)."""
         self.placement = Placement(self.servers, self.prefixes)
-
         self.leaders = Leaders()
         self.weights = FleetWeights()
         self.eject_after = eject_after

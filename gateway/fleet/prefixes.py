@@ -109,9 +109,15 @@ class PrefixIndex:
         return self.servers.setdefault(url, ServerBlocks())
 
     def cached(self, ids: np.ndarray, urls: Sequence[str]) -> dict[str, int]:
-        """The ids of the history `ids` each of `urls` holds, for those holding any."""
-        found = {url: self.servers[url].cached(ids) for url in urls if url in self.servers}
-        return {url: count for url, count in found.items() if count}
+        """The ids of the history `ids` each of `urls` holds, for those holding any. Asked from the store's
+        thread while the event loop's adds to the index: a server leaving meanwhile counts as holding none."""
+        found = {}
+        for url in urls:
+            server = self.servers.get(url)
+            count = server.cached(ids) if server is not None else 0
+            if count:
+                found[url] = count
+        return found
 
     def forget(self, url: str) -> None:
         """The server left the fleet."""
