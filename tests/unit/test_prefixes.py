@@ -4,7 +4,6 @@ and on real servers in tests/engine/test_fleet.py)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 
 import msgspec
@@ -17,6 +16,8 @@ from gateway.fleet import prefixes
 from gateway.fleet.kv_events import KvEvents, endpoint_for
 from gateway.fleet.prefixes import PrefixIndex, keys
 from gateway.settings import Settings
+
+from support import until
 
 A, B = "http://a:8000", "http://b:8000"
 
@@ -163,17 +164,20 @@ def stored(hashes: list[int], parent: int | None, start: int) -> dict[str, objec
 async def subscribed(socket: zmq.Socket[bytes], events: KvEvents) -> None:
     """Batch 0 (a cleared cache) sent until read: a subscription takes a moment to start, and the publisher
     drops what it sends before. Every later batch is then read, in order."""
-    while events.batches == 0:
-        socket.send_multipart([b"", (0).to_bytes(8, "big"), batch({"type": "AllBlocksCleared"})])
-        await asyncio.sleep(0.01)
+
+    def read() -> bool:
+        if not events.batches:
+            socket.send_multipart([b"", (0).to_bytes(8, "big"), batch({"type": "AllBlocksCleared"})])
+        return events.batches > 0
+
+    await until(read, "the subscription started")
 
 
 async def send(socket: zmq.Socket[bytes], events: KvEvents, sequence: int, payload: bytes) -> None:
     """Publish one batch and wait until it is read."""
     read = events.batches
     socket.send_multipart([b"", sequence.to_bytes(8, "big"), payload])
-    while events.batches == read:
-        await asyncio.sleep(0.01)
+    await until(lambda: events.batches > read, f"batch {sequence} read")
 
 
 @pytest.mark.anyio
