@@ -55,7 +55,7 @@ class KvEvents:
         self._context = zmq.asyncio.Context()
         self._followed: dict[str, asyncio.Task[None]] = {}
         self.batches = 0
-        """Batches of events read, from every server (for tests and logs)."""
+        """Batches of events read, from every server."""
 
     def follow(self, url: str) -> None:
         endpoint = endpoint_for(url, self.entries)
