@@ -83,9 +83,13 @@ class VLLMServer:
         self.family = family
         self.max_model_len = max_model_len
         """vLLM's --max-model-len: at most the model's positions (`build_tiny_model(..., context=...)`)."""
-        self.kv_events = f"tcp://{host}:{free_port(host)}" if kv_events else None
-        """Where it publishes its KV-cache events (vLLM's --kv-events-config, ZMQ), if it does."""
+        self._events_port = free_port(host) if kv_events else None
         self._process: ManagedProcess | None = None
+
+    @property
+    def kv_events(self) -> str | None:
+        """Where it publishes its KV-cache events (vLLM's --kv-events-config, ZMQ), if it does."""
+        return f"tcp://{self.host}:{self._events_port}" if self._events_port is not None else None
 
     @property
     def url(self) -> str:
@@ -123,12 +127,12 @@ class VLLMServer:
             "--port",
             str(port),
             *(["--api-key", self.api_key] if self.api_key else []),
-            *(["--kv-events-config", self._kv_events_config()] if self.kv_events else []),
+            *(["--kv-events-config", self._kv_events_config()] if self._events_port is not None else []),
             *self.extra_args,
         ]
 
     def _kv_events_config(self) -> str:
-        endpoint = f"tcp://*:{str(self.kv_events).rsplit(':', 1)[1]}"
+        endpoint = f"tcp://*:{self._events_port}"
         return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint})
 
     def start(self, timeout: float = 300.0) -> VLLMServer:
