@@ -294,7 +294,7 @@ async def test_the_members_of_a_group_whose_server_is_ejected_move_together(plac
 
 
 @pytest.mark.anyio
-async def test_a_rollout_whose_server_fails_moves_where_its_last_turn_is_cached_not_where_its_group_is(
+async def test_a_rollout_whose_server_fails_moves_where_its_last_turn_is_cached_and_its_sibling_follows_it(
     placing,
 ):
     pool, store = placing
