@@ -29,6 +29,8 @@ from trainer_client.weights import save_weights
 
 POLL = 1.0
 """Seconds between two claims while no group is ready (rollouts keep landing while the trainer works)."""
+SAY_WAITING = 30.0
+"""Seconds between two lines saying the loop still waits, so that a loop with nothing to train says so."""
 
 
 def claim(client: TrainerClient, args: argparse.Namespace, step: int, version: int) -> Batch:
@@ -36,10 +38,20 @@ def claim(client: TrainerClient, args: argparse.Namespace, step: int, version: i
     options = SampleOptions(
         current_version=version, max_staleness=args.max_staleness, max_groups=args.groups_per_step
     )
+    started = said = time.monotonic()
     while True:
         batch = client.claim(args.trainer_id, step, options, lease=args.lease)
         if batch.samples:
             return batch
+        if (step == 0 and said == started) or time.monotonic() - said >= SAY_WAITING:
+            said = time.monotonic()
+            print(
+                f"step {step}: waiting for a finished group in {args.db} ({said - started:.0f} s so far); "
+                "groups come from an environment running rollouts through the gateway "
+                "(e.g. examples/environment.py)",
+                file=sys.stderr,
+                flush=True,
+            )
         time.sleep(POLL)
 
 

@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="(%(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="(%(default)s)")
     parser.add_argument(
-        "--served-model-name", default="tiny", help="the model name agents ask for (%(default)s)"
+        "--served-model-name", default="policy", help="the model name agents ask for (%(default)s)"
     )
     parser.add_argument("--api-key", help="vLLM's --api-key (give the gateway the same as --backend-api-key)")
     return parser

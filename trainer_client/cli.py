@@ -224,10 +224,21 @@ def main(argv: list[str] | None = None) -> int:
         _check_export(args)  # what the arguments say is said before what the store says
     try:
         reach(args.db, create=False)  # a reader: a SQLite file that is not there is no store, left uncreated
-        return command(args)
+        code = command(args)
+        sys.stdout.flush()  # here, where a reader gone away is caught, not in the interpreter's exit
+        return code
     except (CommandError, StoreUnreachable, SchemaMismatch) as exc:
         print(f"{args.prog}: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """What a command does when its reader closed the pipe (`trainer-client stats | head`): it stops quietly,
+    as `cat` does, with the status of a process that SIGPIPE ended; what it still holds goes nowhere."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + 13
 
 
 def _usage_error(args: argparse.Namespace, message: str) -> NoReturn:

@@ -5,9 +5,10 @@ turn's exact prompt + completion ids (`drift_tokens > 0`): training on it would 
 Splices: per model, how exact mode built the prompts of turns extending an earlier one (spliced onto the
 parent's ids, re-rendered because the template moved earlier context, or a fallback), and why the rest did
 not splice.
-Groups: a group declared with a size (`group_size`) waits until that many members have finished; the oldest
-such groups still waiting are listed with their age and counts, since one that never completes is served
-only by a trainer's `group_timeout`.
+Groups: a group declared with a size (`group_size`) waits until that many members have finished, one without
+a size while any member runs; the oldest groups still waiting, of either kind, are listed with their age and
+counts (the same groups the `groups` table counts as waiting), since one that never completes is served only
+by a trainer's `group_timeout`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 WAITING_SHOWN = 20
-"""The oldest groups declared with a size and not yet complete that `stats` lists."""
+"""The oldest groups not yet complete that `stats` lists."""
 COMPLETE_GROUP = "finished = COALESCE(group_size, rollouts) AND rollouts >= COALESCE(group_size, rollouts)"
 """A group whose members have all finished, and all been created if it was declared with a size (`stats`,
 `tail`)."""
@@ -34,7 +35,7 @@ QUERIES = {
     """,
     "waiting_groups": f"""
         SELECT group_id, group_size, rollouts AS created, finished, first_created_at
-        FROM group_stats WHERE group_size IS NOT NULL AND NOT ({COMPLETE_GROUP})
+        FROM group_stats WHERE NOT ({COMPLETE_GROUP})
         ORDER BY first_created_at, group_id LIMIT {WAITING_SHOWN}
     """,
     "turns": """

@@ -16,7 +16,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
+from gateway.store.database import ensure_schema, make_engine
+from trainer_client import TrainerClient
 
 from support import TIMEOUT, VLLM_KEY, on_store, stored_rollout
 from support.examples import EXAMPLES, TASKS, example, play_environment, query, rollouts_of
@@ -174,6 +175,30 @@ def test_the_skyrl_example_claims_both_groups_whole_as_one_row_per_rollout_with_
     assert (claims, after) == (
         {(r["rollout_id"], None, None) for r in played.rollouts},
         {(r["rollout_id"], "skyrl-0", 0) for r in played.rollouts},
+    )
+
+
+def test_the_trainer_loop_says_what_it_waits_for_while_no_group_is_ready(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    trainer_loop = example("trainer_loop")
+    store = f"sqlite:///{tmp_path / 'gateway.db'}"
+    ensure_schema(store)
+    args = trainer_loop.build_parser().parse_args(["--db", store, "--model-dir", str(tmp_path)])
+
+    class Polled(Exception):
+        """The loop's first wait between two claims, where this test stops it."""
+
+    def first_wait(seconds: float) -> None:
+        raise Polled
+
+    monkeypatch.setattr(trainer_loop.time, "sleep", first_wait)
+    with TrainerClient(store) as client, pytest.raises(Polled):
+        trainer_loop.claim(client, args, 0, 0)
+
+    assert capsys.readouterr().err == (
+        f"step 0: waiting for a finished group in {store} (0 s so far); groups come from an environment "
+        "running rollouts through the gateway (e.g. examples/environment.py)\n"
     )
 
 

@@ -179,6 +179,24 @@ async def test_stats_list_a_declared_group_still_waiting_with_its_counts(gw, cap
     assert report["groups"] == [{"groups": 2, "complete": 1, "waiting": 1}]
 
 
+async def test_stats_list_every_group_they_count_as_waiting_declared_or_not(gw, capsys):
+    await create(gw, "a", group_id="declared", group_size=2)
+    await play(gw, "a", 1.0)
+    await create(gw, "b", group_id="undeclared")
+    await create(gw, "c", group_id="done")
+    await play(gw, "c", 1.0)
+
+    assert trainer_client_cli(["stats", "--db", gw.db, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+
+    waiting = [{k: v for k, v in group.items() if k != "age_s"} for group in report["waiting_groups"]]
+    assert waiting == [
+        {"group_id": "declared", "group_size": 2, "created": 1, "finished": 1},
+        {"group_id": "undeclared", "group_size": None, "created": 1, "finished": 0},
+    ]
+    assert report["groups"] == [{"groups": 3, "complete": 1, "waiting": 2}]
+
+
 async def test_a_rollout_reports_the_mode_it_runs_in(gw):
     created = await create(gw, "a")
 

@@ -55,7 +55,8 @@ LANGUAGES = ("text", "sql", "sh", "python", "yaml", "json")
 SH_SHAPES = (
     "gateway ..., trainer-client ..., pip install ..., pip uninstall -y ..., scripts/dev TASK, "
     "vllm serve ..., python -m vllm.entrypoints.openai.api_server ..., python examples/FILE.py ..., "
-    "curl ..., export NAME=value, python -m testbed.tiny_model DIR, python -m testbed.vllm_server DIR"
+    "curl ..., export NAME=value, python -m testbed.tiny_model DIR, python -m testbed.vllm_server DIR, "
+    "mkdocs build|serve ..."
 )
 CODE = ("gateway", "trainer_client", "training_data", "testbed", "tests", "bench", "scripts", "examples")
 UNMARKED = "mark the block <!-- not run: <reason> --> if it is not meant to run as it stands"
@@ -184,6 +185,8 @@ def command_problem(argv: list[str]) -> str | None:
             return export_problem(assignments)
         case ["python", "-m", "testbed.tiny_model" | "testbed.vllm_server" as module, *args]:
             return parse_problem(importlib.import_module(module).build_parser(), args)
+        case ["mkdocs", *args]:
+            return mkdocs_problem(args)
     return f"not one of the checked shapes ({SH_SHAPES}); {UNMARKED}"
 
 
@@ -197,6 +200,24 @@ def parse_problem(parser: argparse.ArgumentParser, args: list[str]) -> str | Non
         if stop.code:
             said = errors.getvalue().strip().splitlines()
             return said[-1] if said else f"{parser.prog} exits {stop.code}"
+    return None
+
+
+def mkdocs_problem(args: list[str]) -> str | None:
+    """What MkDocs' own command line (click) says against the arguments, if anything."""
+    import click
+    from mkdocs.__main__ import cli
+
+    if not args:
+        return "mkdocs COMMAND"
+    context = click.Context(cli)
+    command = cli.get_command(context, args[0])
+    if command is None:
+        return f"mkdocs has no command {args[0]!r} (its commands: {', '.join(cli.list_commands(context))})"
+    try:
+        command.make_context(args[0], args[1:])
+    except click.UsageError as exc:
+        return f"mkdocs {args[0]}: {exc.format_message()}"
     return None
 
 
