@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import tracemalloc
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import msgspec
 import numpy as np
 import pytest
 import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from gateway.cli import build_parser, settings_from
 from gateway.fleet import kv_events, prefixes
 from gateway.fleet.collector import KvEventsCollector
 from gateway.fleet.kv_events import KvEvents, endpoint_for
-from gateway.fleet.prefixes import PrefixIndex, keys
+from gateway.fleet.prefixes import MAX_BLOCK_SIZE, PrefixIndex, keys
 from gateway.metrics import samples
 from gateway.settings import Settings
 
@@ -430,3 +432,80 @@ async def test_while_a_servers_events_cannot_be_read_its_calls_feed_its_index_an
         assert read_metrics(events)["gateway_kv_events_failures", (A,)] == 1
     finally:
         await events.close()
+
+
+# -- anything at all ----------------------------------------------------------------------------------------
+
+VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 63), (1 << 64) - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=70),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=8) | st.integers(-9, 9), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+"""Any msgpack value."""
+EVENTS = st.fixed_dictionaries(
+    {"type": st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared"]) | VALUES},
+    optional={
+        "block_hashes": st.lists(st.integers(0, 8) | st.binary(max_size=2), max_size=3) | VALUES,
+        "parent_block_hash": st.none() | st.integers(0, 8) | VALUES,
+        "token_ids": st.lists(st.integers(0, 3), min_size=2, max_size=6) | VALUES,
+        "block_size": st.sampled_from([1, 2, MAX_BLOCK_SIZE + 1, 1 << 26]) | VALUES,
+        "lora_id": st.none() | VALUES,
+        "medium": st.sampled_from([None, "GPU", "CPU"]) | VALUES,
+        "extra_keys": st.none() | VALUES,
+    },
+)
+"""Events of vLLM's kinds, each field well formed or anything."""
+PAYLOADS = (
+    st.tuples(VALUES, st.lists(EVENTS | VALUES, max_size=6), VALUES).map(msgspec.msgpack.encode)
+    | VALUES.map(msgspec.msgpack.encode)
+    | st.binary(max_size=40)
+)
+MESSAGES = st.lists(
+    st.lists(st.binary(max_size=9), min_size=1, max_size=4) | PAYLOADS.map(lambda p: [b"", b"\0" * 8, p]),
+    max_size=8,
+)
+
+
+@pytest.fixture
+async def following(
+    publisher: tuple[zmq.Socket[bytes], str],
+) -> AsyncIterator[tuple[zmq.Socket[bytes], KvEvents]]:
+    """A reader of the publisher, subscribed: the same for every example of a property."""
+    socket, endpoint = publisher
+    events = KvEvents(PrefixIndex(), [f"{A}={endpoint}"])
+    events.follow(A)
+    try:
+        await subscribed(socket, events)
+        yield socket, events
+    finally:
+        await events.close()
+
+
+@pytest.mark.anyio
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(messages=MESSAGES)
+async def test_whatever_a_publisher_sends_the_reader_goes_on_and_its_index_stays_bounded_and_right(
+    following: tuple[zmq.Socket[bytes], KvEvents], messages: list[list[bytes]]
+):
+    socket, events = following
+    for message in messages:
+        socket.send_multipart(message)
+    # Read after them, a batch clearing the cache and storing two blocks: the index holds exactly those.
+    await send(socket, events, 1 << 40, batch({"type": "AllBlocksCleared"}, stored([1, 2], None, 0)))
+    assert events.index.cached(ids(40), [A]) == {A: 32}
+    assert events.index.servers[A].size == 2
+    assert (events.readers[A].state, events.readers[A].failures) == ("reading", 0)
