@@ -353,14 +353,16 @@ async def test_a_large_batch_is_applied_in_slices_between_which_other_tasks_run(
     events = KvEvents(index, [f"{A}={endpoint}"])
     events.follow(A)
     seen: set[int] = set()
+    loop = asyncio.get_running_loop()
 
-    async def watch() -> None:
-        while True:
-            server = index.servers.get(A)
-            seen.add(server.size if server is not None else 0)
-            await asyncio.sleep(0)
+    def watch() -> None:
+        """Run at each turn of the event loop: the index's size as other tasks see it."""
+        nonlocal watching
+        server = index.servers.get(A)
+        seen.add(server.size if server is not None else 0)
+        watching = loop.call_soon(watch)
 
-    watching = asyncio.create_task(watch())
+    watching = loop.call_soon(watch)
     try:
         await subscribed(socket, events)
         await send(socket, events, 1, batch(*(stored([n], None, 16 * n) for n in range(1, 4_001))))
