@@ -23,7 +23,7 @@ from gateway.control.router import health_router
 from gateway.control.router import router as control_router
 from gateway.encoding import JsonResponse
 from gateway.errors import install_error_handlers
-from gateway.fleet.collector import LeaderCollector, LoadCollector
+from gateway.fleet.collector import KvEventsCollector, LeaderCollector, LoadCollector
 from gateway.fleet.discovery import BackendFile
 from gateway.fleet.kv_events import KvEvents
 from gateway.fleet.pool import BackendPool
@@ -197,6 +197,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
     metrics, traffic = Metrics(lambda: store.commits), Traffic(settings.pause_timeout)
     metrics.registry.register(LoadCollector(lambda: list(backends.servers.values())))
     metrics.registry.register(LeaderCollector(backends.leaders))
+    metrics.registry.register(KvEventsCollector(lambda: backends.events))
     metrics.queued.set_function(lambda: backends.queued)
     backends.waited = metrics.stage["queue"].observe
     spans = TurnSpans(settings.otlp_endpoint) if settings.otlp_endpoint else None

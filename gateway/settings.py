@@ -7,6 +7,7 @@ import difflib
 import importlib.util
 import json
 import os
+import re
 from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
@@ -482,12 +483,25 @@ class Settings(BaseSettings):
         if isinstance(value, list):
             value = [str(v).strip() for v in value]
             for entry in value:
-                endpoint = entry.rpartition("=")[2]
-                if not endpoint.startswith(("tcp://", "ipc://")):
+                if not _zmq_endpoint(entry.rpartition("=")[2]):
                     raise ValueError(
                         f"{entry!r}: not a ZMQ endpoint (tcp://HOST:PORT or ipc://PATH), alone or after URL="
                     )
         return value
+
+
+_TCP = re.compile(r"tcp://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+_IPC = re.compile(r"ipc://[^\x00-\x1f\x7f]+")
+
+
+def _zmq_endpoint(endpoint: str) -> bool:
+    """Whether ZMQ can connect to `endpoint` (`{host}` standing for a server's host), checked as settings are
+    read: ZMQ refuses a malformed one only once a server's events are read."""
+    endpoint = endpoint.replace("{host}", "host")
+    tcp = _TCP.fullmatch(endpoint)
+    if tcp is not None:
+        return 0 < int(tcp[1]) < 65536
+    return _IPC.fullmatch(endpoint) is not None
 
 
 _KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}

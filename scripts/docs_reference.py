@@ -208,7 +208,8 @@ def metrics_page() -> str:
     their first values): each process's, then the leader's."""
     from types import SimpleNamespace
 
-    from gateway.fleet.collector import LeaderCollector, LoadCollector
+    from gateway.fleet.collector import KvEventsCollector, LeaderCollector, LoadCollector
+    from gateway.fleet.kv_events import Reader
     from gateway.fleet.leaders import Leaders
     from gateway.fleet.servers import Server
     from gateway.metrics import STAGES, Metrics
@@ -220,6 +221,8 @@ def metrics_page() -> str:
     server = Server("http://vllm:8000", models=frozenset({"policy"}), prefix_cache_hit_rate=0.0)
     servers = SimpleNamespace(servers={server.url: server})
     metrics.registry.register(LoadCollector(lambda: [server]))
+    events = SimpleNamespace(readers={server.url: Reader("tcp://vllm:5557")})
+    metrics.registry.register(KvEventsCollector(lambda: events))  # type: ignore[arg-type,return-value]
     facts = RunFacts(
         lambda: True, None, servers, SimpleNamespace(paused=False), SimpleNamespace(policy_version="0")
     )

@@ -56,7 +56,13 @@ class BackendView(BaseModel):
     """Blocks of its prefix cache the answering process knows it holds (where a moving rollout goes)."""
     cached_known_from: Literal["events", "calls"]
     """events: its KV-cache events (`--kv-events`), exact; calls: the ids of the calls this process sent it,
-    which never tell what it evicted."""
+    which never tell what it evicted (without `--kv-events`, before its first event is read, and while its
+    events cannot be read)."""
+    kv_events: Literal["reading", "down"] | None
+    """Whether the answering process reads its KV-cache events: down once reading failed, while it is retried;
+    None without `--kv-events` for it."""
+    kv_events_error: str | None
+    """Why reading its events failed, while down."""
     weight_version: str | None
     """The weight version the gateway gave it (`/admin/policy_version`); None if never given one."""
     reloads: int

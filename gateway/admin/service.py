@@ -12,6 +12,7 @@ from collections.abc import Callable
 from gateway.admin.context import AdminContext
 from gateway.admin.protocol import AdminState, BackendView, WorkerView
 from gateway.errors import ApiError
+from gateway.fleet.kv_events import KvEvents
 from gateway.fleet.prefixes import PrefixIndex
 from gateway.fleet.servers import Server
 from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY, WEIGHT_VERSION
@@ -45,20 +46,25 @@ async def admin_state(admin: AdminContext) -> AdminState:
         waiting=sum(row.waiting for row in alive),
         policy_version=admin.recorder.policy_version,
         backends=[
-            _backend_view(server, alive, admin.backends.prefixes)
+            _backend_view(server, alive, admin.backends.prefixes, admin.backends.events)
             for server in admin.backends.servers.values()
         ],
         workers=[_worker_view(row, timeout) for row in rows],
     )
 
 
-def _backend_view(server: Server, alive: list[ProcessRow], prefixes: PrefixIndex) -> BackendView:
+def _backend_view(
+    server: Server, alive: list[ProcessRow], prefixes: PrefixIndex, events: KvEvents | None
+) -> BackendView:
     """The server as this process sees it, with every live process's load added up (rollouts pinned are the
     store's count, the same in each)."""
     view = server.view()
     blocks = prefixes.servers.get(server.url)
     view["cached_blocks"] = blocks.size if blocks is not None else 0
     view["cached_known_from"] = "events" if blocks is not None and blocks.from_events else "calls"
+    reader = events.readers.get(server.url) if events is not None else None
+    view["kv_events"] = reader.state if reader is not None else None
+    view["kv_events_error"] = reader.error if reader is not None else None
     loads = [row.loads[server.url] for row in alive if server.url in row.loads]
     for field in ("in_flight", "requests", "errors"):
         view[field] = sum(getattr(load, field) for load in loads)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.fleet.kv_events import KvEvents
 from gateway.fleet.leaders import Leaders
 from gateway.fleet.servers import Server
 
@@ -68,6 +69,39 @@ class LeaderCollector(Collector):
             "Calls that waited for their group's prompt, computed ahead by a sibling's call.",
             value=self._leaders.followed,
         )
+
+
+class KvEventsCollector(Collector):
+    """How this process reads each server's KV-cache events (`--kv-events`)."""
+
+    def __init__(self, events: Callable[[], KvEvents | None]) -> None:
+        self._events = events
+
+    def collect(self) -> Iterator[Metric]:
+        skipped = CounterMetricFamily(
+            "gateway_kv_events_skipped",
+            "What the server published that was skipped: a batch that is not vLLM's (what=batch), an event "
+            "that is not well formed (what=event).",
+            labels=["backend", "what"],
+        )
+        failures = CounterMetricFamily(
+            "gateway_kv_events_failures",
+            "Times reading the server's KV-cache events failed (then retried, the pause doubling to 60 s).",
+            labels=_BACKEND,
+        )
+        down = GaugeMetricFamily(
+            "gateway_kv_events_down",
+            "1 while the process cannot read the server's KV-cache events: its index of the server's prefix "
+            "cache is fed from the calls it sent there meanwhile.",
+            labels=_BACKEND,
+        )
+        events = self._events()
+        for url, reader in events.readers.items() if events is not None else ():
+            for what, count in reader.skipped.items():
+                skipped.add_metric([url, what], count)
+            failures.add_metric([url], reader.failures)
+            down.add_metric([url], float(reader.state == "down"))
+        yield from (skipped, failures, down)
 
 
 def fleet_facts(servers: Iterable[Server]) -> list[Metric]:

@@ -8,15 +8,18 @@ history up is walking its keys until the first one a server lacks. The keys are 
 at once with numpy (0.1 ms for 30,000 ids), since every answered call adds its ids.
 
 Two sources, per server. Where the server publishes its KV-cache events (vLLM's `--kv-events-config`, read
-by `gateway.fleet.kv_events`), they are its index: blocks stored, blocks evicted, the cache cleared.
-Elsewhere the index holds the ids of the calls this process sent there (prompt and reply), which never say
-what the server evicted: it keeps the blocks seen in the last `CAPTURED_BLOCKS` or so, and is a guess.
+by `gateway.fleet.kv_events`), they are its index: blocks stored, blocks evicted, the cache cleared; it keeps
+the blocks stored last, `EVENT_BLOCKS` or so. Elsewhere, or while its events cannot be read, the index holds
+the ids of the calls this process sent there (prompt and reply), which never say what the server evicted: it
+keeps the blocks seen in the last `CAPTURED_BLOCKS` or so, and is a guess. Either way a server's index stays
+about 100 MB at most.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -26,22 +29,31 @@ the index only ranks servers by the tokens of a history each holds."""
 CAPTURED_BLOCKS = 1 << 20
 """Blocks remembered per server from its calls (16M tokens at 16 a block, about a large GPU's cache): the
 blocks seen since the last `CAPTURED_BLOCKS // 2` new ones, at least."""
+EVENT_BLOCKS = 1 << 19
+"""Blocks remembered per server from its events (8M tokens at 16 a block; about 100 MB, as the calls' index at
+`CAPTURED_BLOCKS`): the blocks stored since the last `EVENT_BLOCKS // 2` new ones, at least."""
 POSITIONS = 1 << 16
 """Blocks of a history the index looks at (a million ids at 16 a block)."""
+MAX_BLOCK_SIZE = 4096
+"""The largest block the index takes (vLLM's attention blocks hold 1 to 256 ids, a hybrid model's some
+hundreds): each block size has an array of weights that large."""
 
 _random = np.random.default_rng(0x9E3779B97F4A7C15)
 _AT = _random.integers(1, 1 << 63, size=POSITIONS, dtype=np.uint64) | np.uint64(1)
 """A multiplier per block position: a block's key depends on where it is."""
-_IDS: dict[int, np.ndarray] = {}
-"""A multiplier per id's place in a block, by block size."""
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 
 
+@lru_cache(maxsize=8)
 def _ids_weights(block_size: int) -> np.ndarray:
-    weights = _IDS.get(block_size)
-    if weights is None:
-        rng = np.random.default_rng(block_size)
-        weights = _IDS[block_size] = rng.integers(1, 1 << 63, size=block_size, dtype=np.uint64) | np.uint64(1)
+    """A multiplier per id's place in a block, kept for the few block sizes the fleet's servers have."""
+    if not 0 < block_size <= MAX_BLOCK_SIZE:
+        raise ValueError(f"block size {block_size}: not 1 to {MAX_BLOCK_SIZE}")
+    weights: np.ndarray = np.random.default_rng(block_size).integers(
+        1, 1 << 63, size=block_size, dtype=np.uint64
+    )
+    weights |= np.uint64(1)
+    weights.flags.writeable = False
     return weights
 
 
@@ -77,9 +89,13 @@ class ServerBlocks:
     """Whether its KV-cache events feed it (then the calls it served do not)."""
     held: set[int] = field(default_factory=set)
     older: set[int] = field(default_factory=set)
-    """Blocks learned from calls before `held` filled (events keep everything in `held`)."""
-    engine: dict[bytes | int, tuple[int, int]] = field(default_factory=dict)
-    """The server's own hash of each block its events named -> the block's key and position here."""
+    """Blocks learned before `held` filled."""
+    engine: dict[bytes | int, int] = field(default_factory=dict)
+    """The server's own hash of each block its events named -> the block's key and position here, as one
+    integer (`key << 16 | position`: a tuple of two would double the index's size), for the blocks in
+    `held`."""
+    older_engine: dict[bytes | int, int] = field(default_factory=dict)
+    """The same for the blocks in `older`."""
 
     def cached(self, ids: np.ndarray) -> int:
         """How many leading ids of `ids` it holds."""
@@ -98,7 +114,14 @@ class ServerBlocks:
 
     def clear(self) -> None:
         self.held, self.older = set(), set()
-        self.engine.clear()
+        self.engine, self.older_engine = {}, {}
+
+    def place(self, engine_hash: bytes | int) -> tuple[int, int] | None:
+        """The key and position here of the block the server hashes `engine_hash`, if known."""
+        known = self.engine.get(engine_hash)
+        if known is None:
+            known = self.older_engine.get(engine_hash)
+        return None if known is None else (known >> 16, known & 0xFFFF)
 
 
 class PrefixIndex:
@@ -145,6 +168,14 @@ class PrefixIndex:
             server.from_events, server.block_size = True, block_size
         return server
 
+    def unfollow(self, url: str) -> None:
+        """The server's events can no longer be read: its calls feed its index again, from nothing (what the
+        events told goes stale from now on)."""
+        server = self.servers.get(url)
+        if server is not None and server.from_events:
+            server.clear()
+            server.from_events, server.block_size = False, CAPTURED_BLOCK
+
     def stored(
         self,
         url: str,
@@ -157,15 +188,18 @@ class PrefixIndex:
         server = self.follow(url, block_size)
         if parent is None:
             key, position = 0, 0
-        elif parent in server.engine:
-            key, position = server.engine[parent]
-            position += 1
-        else:  # chained from a block stored before the events this process saw
-            return
+        else:
+            known = server.place(parent)
+            if known is None:  # chained from a block stored before the events this process saw
+                return
+            key, position = known[0], known[1] + 1
         found = chained(key, position, np.asarray(ids), block_size).tolist()
         for offset, (engine_hash, block_key) in enumerate(zip(hashes, found, strict=False)):
-            server.engine[engine_hash] = (block_key, position + offset)
+            server.engine[engine_hash] = block_key << 16 | (position + offset)
             server.held.add(block_key)
+        if len(server.engine) > EVENT_BLOCKS // 2:
+            server.older_engine, server.engine = server.engine, {}
+            server.older, server.held = server.held, set()
 
     def removed(self, url: str, hashes: Sequence[bytes | int]) -> None:
         """BlockRemoved: the server evicted these blocks."""
@@ -173,9 +207,10 @@ class PrefixIndex:
         if server is None:
             return
         for engine_hash in hashes:
-            known = server.engine.pop(engine_hash, None)
-            if known is not None:
-                server.held.discard(known[0])
+            for engine, blocks in ((server.engine, server.held), (server.older_engine, server.older)):
+                known = engine.pop(engine_hash, None)
+                if known is not None:
+                    blocks.discard(known >> 16)
 
     def cleared(self, url: str) -> None:
         """AllBlocksCleared: the server reset its prefix cache."""

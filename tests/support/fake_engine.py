@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from gateway.fleet.kv_events import KvEvents
 from gateway.fleet.leaders import Ahead, Leaders
 from gateway.fleet.prefixes import PrefixIndex
 from gateway.fleet.replies import BackendFailure, BackendStreamError, Routed
@@ -89,6 +90,8 @@ class FakeEngine:
         self.ejected: Any = None
         self.leaders = Leaders()
         self.prefixes = PrefixIndex()
+        self.events: KvEvents | None = None
+        """No KV-cache events are read from the scripted engine."""
         self.aheads: list[tuple[str, Ahead]] = []
         """The calls that led their group's, with what they sent ahead."""
 

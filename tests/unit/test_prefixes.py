@@ -4,17 +4,24 @@ and on real servers in tests/engine/test_fleet.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import msgspec
 import numpy as np
 import pytest
 import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from gateway.cli import build_parser, settings_from
-from gateway.fleet import prefixes
+from gateway.fleet import kv_events, prefixes
+from gateway.fleet.collector import KvEventsCollector
 from gateway.fleet.kv_events import KvEvents, endpoint_for
-from gateway.fleet.prefixes import PrefixIndex, keys
+from gateway.fleet.prefixes import MAX_BLOCK_SIZE, PrefixIndex, keys
+from gateway.metrics import samples
 from gateway.settings import Settings
 
 from support import until
@@ -236,3 +243,271 @@ def test_the_kv_events_flag_is_given_once_per_entry():
         "tcp://{host}:5557",
         "http://c:9000=tcp://10.0.0.9:6000",
     ]
+
+
+# -- what a publisher may send ------------------------------------------------------------------------------
+
+
+def test_an_endpoint_zmq_cannot_connect_to_is_refused_when_settings_are_read(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("GATEWAY_KV_EVENTS", "tcp://{host}:55 57")
+    with pytest.raises(ValueError, match=r"'tcp://\{host\}:55 57': not a ZMQ endpoint"):
+        Settings()
+    monkeypatch.setenv("GATEWAY_KV_EVENTS", "tcp://[fd00::9]:5557,http://c:9000=tcp://vllm-c:5557")
+    assert Settings().kv_events == ["tcp://[fd00::9]:5557", "http://c:9000=tcp://vllm-c:5557"]
+
+
+def read_metrics(events: KvEvents) -> dict[tuple[str, tuple[str, ...]], float]:
+    registry = CollectorRegistry()
+    registry.register(KvEventsCollector(lambda: events))
+    return {
+        (name, tuple(labels.values())): value
+        for name, (_, _, found) in samples(registry).items()
+        for _, labels, value in found
+    }
+
+
+MALFORMED = [
+    [1.0, 7, 0],  # events: an integer
+    {"ts": 1.0, "events": []},  # a map, not vLLM's array
+    [1.0, [{**stored([5], None, 0), "token_ids": ["1"] * 16}], 0],  # ids as strings
+    [1.0, [{**stored([5], None, 0), "block_hashes": [[5]]}], 0],  # a list as a block's hash
+    [1.0, [{"type": "BlockRemoved", "block_hashes": 5, "medium": "GPU"}], 0],
+]
+
+
+@pytest.mark.anyio
+async def test_malformed_batches_and_events_are_skipped_and_counted_and_the_events_after_them_are_applied(
+    publisher: tuple[zmq.Socket[bytes], str],
+):
+    socket, endpoint = publisher
+    index = PrefixIndex()
+    events = KvEvents(index, [f"{A}={endpoint}"])
+    events.follow(A)
+    try:
+        await subscribed(socket, events)
+        await send(socket, events, 1, batch(stored([1, 2], None, 0)))
+        for sequence, payload in enumerate(MALFORMED, start=2):
+            socket.send_multipart([b"", sequence.to_bytes(8, "big"), msgspec.msgpack.encode(payload)])
+        await send(socket, events, 7, batch({"type": "Unknown"}, 3, stored([3], 2, 32)))  # one bad of three
+        assert index.cached(ids(64), [A]) == {A: 48}
+        await send(socket, events, 8, batch({"type": "AllBlocksCleared"}))
+        assert index.cached(ids(64), [A]) == {}
+        assert read_metrics(events) == {
+            ("gateway_kv_events_skipped", (A, "batch")): 2,
+            ("gateway_kv_events_skipped", (A, "event")): 4,
+            ("gateway_kv_events_failures", (A,)): 0,
+            ("gateway_kv_events_down", (A,)): 0,
+        }
+    finally:
+        await events.close()
+
+
+@pytest.mark.anyio
+async def test_blocks_of_a_size_no_server_has_are_skipped_without_the_memory_they_would_take(
+    publisher: tuple[zmq.Socket[bytes], str],
+):
+    socket, endpoint = publisher
+    index = PrefixIndex()
+    events = KvEvents(index, [f"{A}={endpoint}"])
+    events.follow(A)
+    try:
+        await subscribed(socket, events)
+        huge = [{**stored([], None, 0), "block_size": (1 << 23) + size} for size in range(3)]
+        tracemalloc.start()
+        try:
+            await send(socket, events, 1, batch(*huge))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20
+        assert events.readers[A].skipped == {"batch": 0, "event": 3}
+    finally:
+        await events.close()
+
+
+def test_a_servers_events_keep_the_blocks_stored_last_up_to_the_bound(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(prefixes, "EVENT_BLOCKS", 8)  # a generation is four blocks
+    index = PrefixIndex()
+    index.stored(A, 16, None, [1, 2, 3], ids(48).tolist())
+    index.stored(A, 16, 3, [4, 5], ids(32, start=48).tolist())  # five: the first generation, kept as older
+    index.stored(A, 16, None, [11, 12], ids(32, start=1000).tolist())
+    index.stored(A, 16, 5, [6], ids(16, start=80).tolist())  # chained from the older generation
+    assert index.cached(ids(96), [A]) == {A: 96}
+    index.removed(A, [2])  # from the older generation
+    assert index.cached(ids(96), [A]) == {A: 16}
+    index.stored(
+        A, 16, None, [21, 22, 23], ids(48, start=2000).tolist()
+    )  # fills the next: the first is dropped
+    assert index.servers[A].size == 6
+    assert index.cached(ids(16), [A]) == {}
+    assert index.cached(ids(32, start=1000), [A]) == {A: 32}
+    assert index.cached(ids(48, start=2000), [A]) == {A: 48}
+
+
+@pytest.mark.anyio
+async def test_a_large_batch_is_applied_in_slices_between_which_other_tasks_run(
+    publisher: tuple[zmq.Socket[bytes], str],
+):
+    socket, endpoint = publisher
+    index = PrefixIndex()
+    events = KvEvents(index, [f"{A}={endpoint}"])
+    events.follow(A)
+    seen: set[int] = set()
+    loop = asyncio.get_running_loop()
+
+    def watch() -> None:
+        """Run at each turn of the event loop: the index's size as other tasks see it."""
+        nonlocal watching
+        server = index.servers.get(A)
+        seen.add(server.size if server is not None else 0)
+        watching = loop.call_soon(watch)
+
+    watching = loop.call_soon(watch)
+    try:
+        await subscribed(socket, events)
+        await send(socket, events, 1, batch(*(stored([n], None, 16 * n) for n in range(1, 4_001))))
+        assert index.servers[A].size == 4_000
+        assert any(0 < size < 4_000 for size in seen)  # the loop ran while the batch was half applied
+    finally:
+        watching.cancel()
+        await events.close()
+
+
+# -- when reading fails -------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_an_endpoint_that_cannot_be_connected_to_is_logged_shown_and_retried(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    monkeypatch.setattr(kv_events, "RETRY_FIRST", 0.01)
+    index = PrefixIndex()
+    events = KvEvents(index, ["tcp://{host}:55 57"])  # past the settings' check
+    events.follow(A)
+    try:
+        await until(lambda: events.readers[A].failures >= 3, "three attempts")
+        reader = events.readers[A]
+        assert (reader.state, reader.error) == ("down", "ZMQError: Invalid argument (addr='tcp://a:55 57')")
+        assert read_metrics(events)["gateway_kv_events_down", (A,)] == 1
+        assert "KV-cache events of http://a:8000 from tcp://a:55 57: reading failed" in caplog.text
+    finally:
+        await events.close()
+
+
+class Failing(PrefixIndex):
+    """An index whose first removal fails, as an error of the reader's own would."""
+
+    failed = False
+
+    def removed(self, url: str, hashes: Sequence[bytes | int]) -> None:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("an error of its own")
+        super().removed(url, hashes)
+
+
+@pytest.mark.anyio
+async def test_while_a_servers_events_cannot_be_read_its_calls_feed_its_index_and_reading_resumes(
+    publisher: tuple[zmq.Socket[bytes], str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(kv_events, "RETRY_FIRST", 0.01)
+    socket, endpoint = publisher
+    index = Failing()
+    events = KvEvents(index, [f"{A}={endpoint}"])
+    events.follow(A)
+    try:
+        await subscribed(socket, events)
+        await send(socket, events, 1, batch(stored([1], None, 0)))
+        socket.send_multipart(
+            [b"", (2).to_bytes(8, "big"), batch({"type": "BlockRemoved", "block_hashes": [1]})]
+        )
+        await until(lambda: events.readers[A].failures == 1, "the failure")
+        assert not index.servers[A].from_events and index.cached(ids(16), [A]) == {}
+        index.saw(A, ids(32, start=500))
+        assert index.cached(ids(32, start=500), [A]) == {A: 32}
+        # Reading again: the next stored block makes the events the index's source once more.
+        events.batches = 0
+        await subscribed(socket, events)
+        assert (events.readers[A].state, events.readers[A].error) == ("reading", None)
+        await send(socket, events, 1, batch(stored([7], None, 300)))
+        assert index.servers[A].from_events and index.cached(ids(16, start=300), [A]) == {A: 16}
+        assert read_metrics(events)["gateway_kv_events_failures", (A,)] == 1
+    finally:
+        await events.close()
+
+
+# -- anything at all ----------------------------------------------------------------------------------------
+
+VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 63), (1 << 64) - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=70),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=8) | st.integers(-9, 9), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+"""Any msgpack value."""
+EVENTS = st.fixed_dictionaries(
+    {"type": st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared"]) | VALUES},
+    optional={
+        "block_hashes": st.lists(st.integers(0, 8) | st.binary(max_size=2), max_size=3) | VALUES,
+        "parent_block_hash": st.none() | st.integers(0, 8) | VALUES,
+        "token_ids": st.lists(st.integers(0, 3), min_size=2, max_size=6) | VALUES,
+        "block_size": st.sampled_from([1, 2, MAX_BLOCK_SIZE + 1, 1 << 26]) | VALUES,
+        "lora_id": st.none() | VALUES,
+        "medium": st.sampled_from([None, "GPU", "CPU"]) | VALUES,
+        "extra_keys": st.none() | VALUES,
+    },
+)
+"""Events of vLLM's kinds, each field well formed or anything."""
+PAYLOADS = (
+    st.tuples(VALUES, st.lists(EVENTS | VALUES, max_size=6), VALUES).map(msgspec.msgpack.encode)
+    | VALUES.map(msgspec.msgpack.encode)
+    | st.binary(max_size=40)
+)
+MESSAGES = st.lists(
+    st.lists(st.binary(max_size=9), min_size=1, max_size=4) | PAYLOADS.map(lambda p: [b"", b"\0" * 8, p]),
+    max_size=8,
+)
+
+
+@pytest.fixture
+async def following(
+    publisher: tuple[zmq.Socket[bytes], str],
+) -> AsyncIterator[tuple[zmq.Socket[bytes], KvEvents]]:
+    """A reader of the publisher, subscribed: the same for every example of a property."""
+    socket, endpoint = publisher
+    events = KvEvents(PrefixIndex(), [f"{A}={endpoint}"])
+    events.follow(A)
+    try:
+        await subscribed(socket, events)
+        yield socket, events
+    finally:
+        await events.close()
+
+
+@pytest.mark.anyio
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(messages=MESSAGES)
+async def test_whatever_a_publisher_sends_the_reader_goes_on_and_its_index_stays_bounded_and_right(
+    following: tuple[zmq.Socket[bytes], KvEvents], messages: list[list[bytes]]
+):
+    socket, events = following
+    for message in messages:
+        socket.send_multipart(message)
+    # Read after them, a batch clearing the cache and storing two blocks: the index holds exactly those.
+    await send(socket, events, 1 << 40, batch({"type": "AllBlocksCleared"}, stored([1, 2], None, 0)))
+    assert events.index.cached(ids(40), [A]) == {A: 32}
+    assert events.index.servers[A].size == 2
+    assert (events.readers[A].state, events.readers[A].failures) == ("reading", 0)
