@@ -16,12 +16,12 @@ does a group split onto a new server. The load counts a group declared with a si
 member (`gateway.store.pins.Loads`), so that servers balance by groups. Ties go by the group's id, so that
 siblings placed at one moment agree.
 
-A group's own members are bounded too, more loosely: a server whose rollouts (its own group's seats aside)
-would pass `GROUP_BOUND` times the mean load with the new member, and `GROUP_FLOOR`, takes no more of that
-group; the member goes to the next server of its group, else the least loaded. So a group larger than its
-server's fair part (an evaluation that gives every rollout one group id) spreads over as few servers as the
-bound allows, instead of piling onto one while the others idle, and a group of a few members stays whole
-however idle the fleet.
+A group's own members are bounded too, more loosely (`group_bound`): a server whose rollouts with the new
+member (its group's own seats aside) would pass both `GROUP_BOUND` times the mean load and `GROUP_FLOOR`
+takes no more of that group; the member goes to the next server of its group, else the least loaded. So a
+large group (or an evaluation that gives every rollout one group id) spreads over as few servers as the bound
+allows instead of piling onto one while the others idle, and a group of a few members stays whole however
+idle the fleet. The mean counts the new member (and a declared group whole), so it is never zero.
 
 A rollout that must move (its server failed, left or no longer serves its model) goes first to the server
 holding the most of its history in its prefix cache (`gateway.fleet.prefixes`), while that server is under
