@@ -70,9 +70,10 @@ class Metrics:
         self.placements = Counter(
             "gateway_placements",
             "Rollouts this process pinned to a server, by why it chose that one: group (beside its group's "
-            "members), split (its group's servers held their share), load (the least loaded server: the "
-            "first of its group, or --placement load), history (a rollout that moved: the server holding the "
-            "most of its history).",
+            "members), split (its group's servers held their share of other groups), overflow (a server of "
+            "its group held its group's bound, twice the mean load and at least 8: the next server of its "
+            "group, else the least loaded), load (the least loaded server: the first of its group, or "
+            "--placement load), history (a rollout that moved: the server holding the most of its history).",
             ["reason"],
             registry=self.registry,
         )

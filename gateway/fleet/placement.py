@@ -69,7 +69,7 @@ class Placement:
                 if loads.history is not None:
                     cached = self.prefixes.cached(loads.history, [s.url for s in servers])
                 if self.by_group:
-                    found = place(loaded, loads.group_id, model, loads.group, loads.adds, cached)
+                    found = place(loaded, loads.group_id, model, loads.group, loads.adds, cached, loads.seats)
                 else:
                     found = place(loaded, rollout_id, model, cached=cached)
                 if found is None:

@@ -16,6 +16,13 @@ does a group split onto a new server. The load counts a group declared with a si
 member (`gateway.store.pins.Loads`), so that servers balance by groups. Ties go by the group's id, so that
 siblings placed at one moment agree.
 
+A group's own members are bounded too, more loosely (`group_bound`): a server whose rollouts with the new
+member (its group's own seats aside) would pass both `GROUP_BOUND` times the mean load and `GROUP_FLOOR`
+takes no more of that group; the member goes to the next server of its group, else the least loaded. So a
+large group (or an evaluation that gives every rollout one group id) spreads over as few servers as the bound
+allows instead of piling onto one while the others idle, and a group of a few members stays whole however
+idle the fleet. The mean counts the new member (and a declared group whole), so it is never zero.
+
 A rollout that must move (its server failed, left or no longer serves its model) goes first to the server
 holding the most of its history in its prefix cache (`gateway.fleet.prefixes`), while that server is under
 the bound; else where its group is, as a new member would.
@@ -42,7 +49,10 @@ class Reason(StrEnum):
     GROUP = "group"
     """Beside its group's members."""
     SPLIT = "split"
-    """Its group's servers held their share: the least loaded other server."""
+    """Its group's servers held their share of other groups: the least loaded other server."""
+    OVERFLOW = "overflow"
+    """A server of its group held its group's bound (`group_bound`): the next server of its group, else the
+    least loaded."""
     LOAD = "load"
     """No member of its group placed yet (or placement by load alone): the least loaded server."""
     HISTORY = "history"
@@ -63,24 +73,33 @@ def place(
     group: Mapping[str, int] | None = None,
     adds: int = 1,
     cached: Mapping[str, int] | None = None,
+    seats: Mapping[str, int] | None = None,
 ) -> tuple[Server, Reason] | None:
     """The server for a new member of a group whose part of each server's load (`Server.pinned`) is
     `group`, and why; `adds`: the load placing it adds (a declared group's first member brings its siblings'
     seats; a member its group's home holds a seat for adds none); `cached`: for a moving rollout, the ids of
-    its history each server holds. Ties go by `key`."""
+    its history each server holds; `seats`: the part of `group` that is seats its home holds for members
+    still to come. Ties go by `key`."""
     candidates = [s for s in servers if usable(s, model) and not s.draining]
     if not candidates:
         return None
-    bound = share_bound(sum(s.pinned for s in candidates) + adds, len(candidates))
+    rollouts = sum(s.pinned for s in candidates) + adds
+    bound = share_bound(rollouts, len(candidates))
     if cached:
         holding = [s for s in candidates if cached.get(s.url) and s.pinned < bound]
         if holding:
             return min(holding, key=lambda s: (-cached[s.url], s.pinned, s.url)), Reason.HISTORY
-    group = group or {}
+    group, seats = group or {}, seats or {}
+    crowded = group_bound(rollouts, len(candidates))
     homes = sorted((s for s in candidates if group.get(s.url)), key=lambda s: (-group[s.url], s.url))
+    overflowed = False
     for home in homes:
-        if home.pinned - group[home.url] < bound:
-            return home, Reason.GROUP
+        if home.pinned - group[home.url] >= bound:
+            continue
+        if home.pinned - seats.get(home.url, 0) + 1 > crowded:
+            overflowed = True
+            continue
+        return home, Reason.OVERFLOW if overflowed else Reason.GROUP
     fitting = [s for s in candidates if s.pinned + max(adds, 1) <= bound]
     if not fitting:  # a group larger than any server's room: the least loaded take it
         lowest = min(s.pinned for s in candidates)
@@ -89,7 +108,7 @@ def place(
     chosen = min(
         fitting, key=lambda s: (s.in_flight, s.pinned, (zlib.crc32(s.url.encode()) ^ spread) & 0xFFFF)
     )
-    return chosen, Reason.SPLIT if homes else Reason.LOAD
+    return chosen, Reason.OVERFLOW if overflowed else Reason.SPLIT if homes else Reason.LOAD
 
 
 LOAD_BOUND = 1.25
@@ -99,3 +118,18 @@ LOAD_BOUND = 1.25
 def share_bound(rollouts: int, servers: int) -> int:
     """The most rollouts one of `servers` may hold when they hold `rollouts` between them."""
     return math.ceil(LOAD_BOUND * rollouts / servers)
+
+
+GROUP_BOUND = 2.0
+"""How far above the mean a server may go with members of one group: past it the group spreads."""
+
+GROUP_FLOOR = 8
+"""The rollouts a server may always hold with members of one group, however idle the fleet: a few members
+cost a server hardly more than one (vLLM batches them), while each server a group spreads onto computes its
+shared prompt again."""
+
+
+def group_bound(rollouts: int, servers: int) -> int:
+    """The most rollouts one of `servers` may hold with a new member of a group it holds, when they hold
+    `rollouts` between them (the new member counted)."""
+    return max(GROUP_FLOOR, math.ceil(GROUP_BOUND * rollouts / servers))

@@ -52,6 +52,9 @@ class Loads(NamedTuple):
     adds: int
     """The load placing the rollout adds: none where its group's home holds a seat for it, its group's
     declared size for a declared group's first member placed (seats for the others come with it), else one."""
+    seats: dict[str, int]
+    """The part of `group` that is seats, held on its home for a declared group's members still to come: a
+    server's load is held to its group's own bound without them (`gateway.fleet.routing.group_bound`)."""
     history: np.ndarray | None = None
     """A rollout moving off its server: its last turn's prompt and reply ids, which the servers' caches may
     hold (`gateway.fleet.prefixes`)."""
@@ -126,19 +129,20 @@ def loads(conn: Connection, group_id: str, group_size: int | None) -> Loads:
     groups.setdefault(group_id, ({}, group_size))  # none of its members placed yet
     servers: dict[str, int] = {}
     own: dict[str, int] = {}
+    held: dict[str, int] = {}
     adds = 1
     for group, (members, size) in groups.items():
-        part = dict(members)
         seats = max(0, int(size) - sum(members.values())) if size else 0
+        home: dict[str, int] = {}
         if members and seats:
-            home = min(members, key=lambda url: (-members[url], url))
-            part[home] += seats
+            home[min(members, key=lambda url: (-members[url], url))] = seats
+        part = {url: count + home.get(url, 0) for url, count in members.items()}
         for url, count in part.items():
             servers[url] = servers.get(url, 0) + count
         if group == group_id:
-            own = part
+            own, held = part, home
             adds = (0 if members else seats) if seats else 1
-    return Loads(servers, group_id, own, adds)
+    return Loads(servers, group_id, own, adds, held)
 
 
 def history(conn: Connection, rollout_id: str) -> np.ndarray | None:

@@ -16,7 +16,7 @@ import pytest
 from gateway.fleet.discovery import BackendFile
 from gateway.fleet.health import prefix_hit_rate
 from gateway.fleet.pool import BackendPool
-from gateway.fleet.routing import Reason, choose, place, share_bound
+from gateway.fleet.routing import Reason, choose, group_bound, place, share_bound
 from gateway.fleet.servers import Server
 from gateway.store.database import ensure_schema
 from gateway.store.records import NewRollout, TurnRecord
@@ -203,6 +203,33 @@ def test_a_group_splits_onto_the_least_loaded_server_only_when_all_its_servers_h
     assert place(fleet, "g", None, {"http://s1": 2, "http://s2": 1}) == (fleet[0], Reason.SPLIT)
 
 
+def test_one_large_group_alone_on_an_idle_fleet_fills_a_server_to_twice_the_mean_load_then_the_next():
+    # A server takes a member of a group it holds while it holds no more than max(8, ceil(2 x mean)) with
+    # it, the new member counted: 12 over 3 servers, the bound is 8 from the first member to the last.
+    assert [group_bound(n, 3) for n in (1, 9, 12)] == [8, 8, 8]
+    fleet, group, reasons = loaded(0, 0, 0), Counter[str](), []
+    for n in range(1, 13):
+        server, reason = place(fleet, "g", None, group) or (None, None)
+        assert server is not None and server.pinned + 1 <= group_bound(n, 3)
+        server.pinned += 1
+        group[server.url] += 1
+        reasons.append(reason)
+
+    assert sorted(s.pinned for s in fleet) == [0, 4, 8]
+    assert reasons == [Reason.LOAD] + [Reason.GROUP] * 7 + [Reason.OVERFLOW] * 4
+
+
+def test_a_declared_groups_seats_on_its_home_do_not_count_against_its_own_bound():
+    # A group of 16 declared on 4 idle servers: its home s0 counts all 16, its members and the seats of those
+    # still to come; the bound is max(8, ceil(2 x 16 / 4)) = 8 rollouts with the new member.
+    fleet = loaded(16, 0, 0, 0)
+    seven_placed = place(fleet, "g", None, {"http://s0": 16}, adds=0, seats={"http://s0": 9})
+    eight_placed = place(fleet, "g", None, {"http://s0": 16}, adds=0, seats={"http://s0": 8})
+
+    assert seven_placed == (fleet[0], Reason.GROUP)
+    assert eight_placed is not None and eight_placed[0] in fleet[1:] and eight_placed[1] == Reason.OVERFLOW
+
+
 def test_a_first_member_goes_to_the_least_loaded_server():
     fleet = loaded(4, 0)
     assert place(fleet, "g", None, {}) == (fleet[1], Reason.LOAD)
@@ -264,6 +291,35 @@ async def test_groups_started_in_one_burst_each_stay_on_one_server_and_the_serve
     assert sorted(Counter(url for (url,) in servers.values()).values()) == [2, 2, 2]
     assert [server.pinned for server in pool.servers.values()] == [8, 8, 8]
     assert Counter(reasons) == {Reason.LOAD: 6, Reason.GROUP: 18}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
+async def test_one_group_of_twelve_alone_on_three_idle_servers_splits_eight_and_four(placing, declared):
+    pool, store = placing
+    reasons: list[Reason] = []
+    pool.placement.placed = reasons.append
+
+    servers = await burst(pool, store, groups=1, size=12, declared=declared)
+
+    assert len(servers["g0"]) == 2
+    assert sorted(server.pinned for server in pool.servers.values()) == [0, 4, 8]
+    stored = await asyncio.gather(*(store.pin(f"g0-m{m}", lambda _: "", pool.urls) for m in range(12)))
+    assert sorted(Counter(pin.url for pin in stored).values()) == [4, 8]
+    assert Counter(reasons) == {Reason.LOAD: 1, Reason.GROUP: 7, Reason.OVERFLOW: 4}
+
+
+@pytest.mark.anyio
+async def test_a_group_of_sixteen_declared_alone_on_four_idle_servers_splits_eight_and_eight(placing):
+    pool, store = placing
+    pool.add("http://s3", healthy=True)
+    reasons: list[Reason] = []
+    pool.placement.placed = reasons.append
+
+    await burst(pool, store, groups=1, size=16, declared=True)
+
+    assert sorted(server.pinned for server in pool.servers.values()) == [0, 0, 8, 8]
+    assert Counter(reasons) == {Reason.LOAD: 1, Reason.GROUP: 7, Reason.OVERFLOW: 8}
 
 
 @pytest.mark.anyio
