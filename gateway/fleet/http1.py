@@ -132,7 +132,10 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         except httptools.HttpParserError as exc:
-            self._fail(BrokenReply(f"not an HTTP reply: {exc}"))
+            if self.state in _REPLYING:
+                self._fail(BrokenReply(f"not an HTTP reply: {exc}"))
+            # Past a reply's end (`on_message_begin`), its call keeps the reply; the connection, whose
+            # server wrote what no call asked for, is closed.
             self.close()
             return
         if self._buffered > _HIGH_WATER and not self._paused and self._transport is not None:
@@ -157,6 +160,10 @@ class Connection(asyncio.Protocol):
             self._wake()
 
     # -- httptools' callbacks -------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.state is not State.AWAITING_HEAD:  # bytes past the reply's end, in the read that ended it
+            raise BrokenReply("bytes past the reply's end")  # stops the parser: none of them is taken
 
     def on_header(self, name: bytes, _value: bytes) -> None:
         if name.lower() in (b"content-length", b"transfer-encoding"):
