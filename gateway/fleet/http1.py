@@ -78,6 +78,18 @@ class State(enum.Enum):
     """Closed by either side, or going to be: never used again."""
 
 
+_MOVES = {
+    State.NEW: (State.AWAITING_HEAD,),
+    State.AWAITING_HEAD: (State.READING_BODY,),
+    State.READING_BODY: (State.ENDED, State.DRAINING),
+    State.ENDED: (State.IDLE,),
+    State.DRAINING: (State.IDLE,),
+    State.IDLE: (State.AWAITING_HEAD,),
+    State.CLOSED: (),
+}
+"""Where a connection goes from each state, besides CLOSED (from any). An ended reply is never read again:
+what follows it in the read that ended it is past its end (`Connection.on_message_begin`)."""
+
 _REPLYING = (State.AWAITING_HEAD, State.READING_BODY, State.DRAINING)
 """A reply is on its way: the connection closing now breaks it."""
 
@@ -132,7 +144,10 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         except httptools.HttpParserError as exc:
-            self._fail(BrokenReply(f"not an HTTP reply: {exc}"))
+            if self.state in _REPLYING:
+                self._fail(BrokenReply(f"not an HTTP reply: {exc}"))
+            # Past a reply's end (`on_message_begin`), its call keeps the reply; the connection, whose
+            # server wrote what no call asked for, is closed.
             self.close()
             return
         if self._buffered > _HIGH_WATER and not self._paused and self._transport is not None:
@@ -141,7 +156,8 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        was, self.state = self.state, State.CLOSED
+        was = self.state
+        self._move(State.CLOSED)
         self._parser = None
         self._cancel_draining()
         if self in self._idle:
@@ -158,6 +174,10 @@ class Connection(asyncio.Protocol):
 
     # -- httptools' callbacks -------------------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.state is not State.AWAITING_HEAD:  # bytes past the reply's end, in the read that ended it
+            raise BrokenReply("bytes past the reply's end")  # stops the parser: none of them is taken
+
     def on_header(self, name: bytes, _value: bytes) -> None:
         if name.lower() in (b"content-length", b"transfer-encoding"):
             self._framed = True
@@ -167,7 +187,7 @@ class Connection(asyncio.Protocol):
         status = self._parser.get_status_code()
         if status >= 200:  # not an interim reply (103 Early Hints, 100 Continue): the final one follows
             self.status = status
-            self.state = State.READING_BODY
+            self._move(State.READING_BODY)
 
     def on_message_complete(self) -> None:
         assert self._parser is not None
@@ -180,7 +200,7 @@ class Connection(asyncio.Protocol):
             self._cancel_draining()
             self._go_idle()
         else:
-            self.state = State.ENDED
+            self._move(State.ENDED)
         self._wake()
 
     # -- one exchange ---------------------------------------------------------------------------------------
@@ -195,7 +215,7 @@ class Connection(asyncio.Protocol):
         self._error = None
         self.status = 0
         self._buffered = 0
-        self.state = State.AWAITING_HEAD
+        self._move(State.AWAITING_HEAD)
         self._transport.writelines((request, body))
         while not self.status:
             await self._wait()
@@ -236,7 +256,7 @@ class Connection(asyncio.Protocol):
         if self.state is not State.READING_BODY or self._error is not None:
             self.release()
             return
-        self.state = State.DRAINING
+        self._move(State.DRAINING)
         self._pieces.clear()
         self._resume()
         loop = asyncio.get_running_loop()
@@ -255,11 +275,16 @@ class Connection(asyncio.Protocol):
         self._parser = None
         if self.state in _REPLYING and self._error is None:  # not to be taken for a body run to the close
             self._fail(BrokenReply("connection closed by the gateway mid-reply"))
-        self.state = State.CLOSED
+        self._move(State.CLOSED)
         if self._transport is not None:
             self._transport.close()
 
     # -- inner workings -------------------------------------------------------------------------------------
+
+    def _move(self, to: State) -> None:
+        """The one place a connection changes state (`_MOVES`)."""
+        assert to is State.CLOSED or to in _MOVES[self.state], f"{self.state.value} to {to.value}"
+        self.state = to
 
     async def _wait(self) -> None:
         if self._error is not None:
@@ -310,7 +335,7 @@ class Connection(asyncio.Protocol):
         self._resume()
         self.idle_since = self._ended_at
         self._reused = True
-        self.state = State.IDLE
+        self._move(State.IDLE)
         self._idle.append(self)
 
 

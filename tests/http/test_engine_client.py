@@ -2,7 +2,8 @@
 back exactly as sent, its chunked framing stripped, however the network splits it; connections are kept
 alive and reused, let go at a stream's end even before its framing's end arrives, and never go back idle with
 their reading stopped (over TLS too); an interim 1xx reply is skipped for the final one, so no call reads
-another's reply; what breaks off, stays silent, switches protocols or is not HTTP is an error the pool maps,
+another's reply; bytes a server writes past a reply's end leave its call the whole reply and close the
+connection; what breaks off, stays silent, switches protocols or is not HTTP is an error the pool maps,
 never a hang. Each test runs on asyncio's loop and on uvloop."""
 
 from __future__ import annotations
@@ -192,6 +193,73 @@ async def test_when_idle_connections_were_all_closed_by_the_server_the_retry_ope
         await pool.close()
 
     assert (body, counted.connections, pool.servers[url].errors) == (b"{}", 3, 0)
+
+
+PAST_THE_END = {
+    "five stray bytes": b"stray",
+    "a second reply": b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+}
+"""What a server may write after a reply's end, in the write that ends it."""
+
+
+@pytest.mark.parametrize("after", PAST_THE_END.values(), ids=PAST_THE_END.keys())
+@pytest.mark.parametrize(
+    ("reply", "body"),
+    [(ANSWER, b"{}"), (STREAM_HEAD + b"".join(map(chunk, EVENTS)) + END, b"".join(EVENTS))],
+    ids=["whole", "streamed"],
+)
+async def test_bytes_past_a_replys_end_leave_its_call_the_whole_reply_and_close_the_connection(
+    serve: Serve, reply: bytes, body: bytes, after: bytes
+):
+    async def overspills(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server
+    ) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionResetError):
+            while True:  # until the client closes the connection
+                await read_request(reader)
+                writer.write(reply + after)
+
+    counted = Counted(overspills)
+    url = await serve(counted)
+    pool = pool_for(url)
+    try:
+        bodies = [await (await pool.send("r", "/v1/chat/completions", b"{}")).reply.body() for _ in range(3)]
+    finally:
+        await pool.close()
+
+    assert (bodies, counted.connections, pool.servers[url].errors) == ([body] * 3, 3, 0)
+
+
+async def test_a_stream_let_go_at_done_whose_framings_end_comes_with_another_reply_is_not_reused(
+    serve: Serve,
+):
+    let_go = asyncio.Event()
+
+    async def ends_late_with_another_reply(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
+    ) -> None:
+        if counted.connections > 1:
+            await answers(reader, writer, server)
+            return
+        await read_request(reader)
+        writer.write(UNENDED)
+        await let_go.wait()
+        writer.write(END + numbered(1))
+        await reader.read()
+
+    counted = Counted(ends_late_with_another_reply)
+    url = await serve(counted)
+    engine = client()
+    connection = await engine.post(url, "/v1/chat/completions", b"{}")
+    while not (await connection.read()).endswith(b"data: [DONE]\n\n"):
+        pass
+    BackendReply(connection).ended()
+    let_go.set()
+    await until(lambda: not connection.open, "the connection closed")
+    again = await BackendReply(await engine.post(url, "/v1/chat/completions", b"{}")).body()
+    engine.close()
+
+    assert (again, counted.connections) == (b"{}", 2)
 
 
 async def test_a_stream_let_go_at_done_serves_the_next_call_once_its_framings_end_arrives(serve: Serve):
