@@ -99,3 +99,27 @@ async def test_the_gateway_expires_an_idle_rollout_by_itself_after_its_idle_time
 
 async def status_is(gw, rollout_id: str, status: str) -> bool:
     return (await gw.rollout(rollout_id))["status"] == status
+
+
+async def test_the_viewer_lists_an_expired_rollout_by_its_status_and_shows_it_failed_in_its_group(gw):
+    for rollout_id in ("a", "b", "crashed"):
+        created = await gw.client.post("/rollouts", json={"rollout_id": rollout_id, "group_id": "g"})
+        assert created.status_code == 201, created.text
+    for rollout_id, reward in (("a", 1.0), ("b", 0.0)):
+        gw.engine.answer("/v1/chat/completions", chat_reply([1, 2, 3], [7, 8], "ok"))
+        assert (await gw.chat(rollout_id)).status_code == 200
+        assert (
+            await gw.client.post(f"/rollouts/{rollout_id}/finish", json={"reward": reward})
+        ).status_code == 200
+    await expire(gw)
+
+    listed = (await gw.client.get("/ui/api/rollouts", params={"status": "expired"})).json()["rollouts"]
+    group = (await gw.client.get("/ui/api/groups/g")).json()
+
+    assert [row["rollout_id"] for row in listed] == ["crashed"]
+    assert [(row["rollout_id"], row["status"], row["skip_reason"]) for row in group["rollouts"]] == [
+        ("a", "completed", None),
+        ("b", "completed", None),
+        ("crashed", "expired", "failed"),
+    ]
+    assert group["trained"] == 2

@@ -143,3 +143,21 @@ async def test_a_group_with_an_expired_member_is_served_with_it_as_failed(store)
         "b": -1.0,
     }
     assert served.counts["skipped_failed"] == 1
+
+
+async def test_a_rollout_another_process_expired_refuses_this_process_next_turn(store):
+    other = Store(store.url)  # type: ignore[attr-defined]
+    try:
+        await store.create_rollout(NewRollout("r"))
+        await store.writer.insert_turns([turn("r", time.time())])  # this process knows it running
+        await other.expire_idle(60.0, now=time.time() + 3600.0)
+
+        with pytest.raises(StoreError) as late_turn:
+            await store.writer.insert_turns([turn("r", time.time())])
+        state = await store.rollout_state("r")
+    finally:
+        other.close()
+
+    assert late_turn.value.code == "rollout_expired"
+    assert state is not None and state.status == "expired"  # the next call is refused before any engine
+    assert len((await store.get_rollout("r"))["turns"]) == 1
