@@ -1,4 +1,4 @@
-"""What the run holds of work, as the gateway's metrics show it: rollouts running, rollouts expired, and groups
+"""What the run holds of work, as the gateway's metrics show it: rollouts running and expired, and groups
 ready for a trainer that none has claimed yet (the trainers' backlog)."""
 
 from __future__ import annotations
