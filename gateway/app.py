@@ -103,7 +103,9 @@ def create_app(
         listing = BackendFile(settings.backend_file) if settings.backend_file else None
         publish(parts.replica, parts.backends, listing, settings.health_interval, watch=own_backends)
         if settings.rollout_idle_timeout:
-            parts.replica.keep(expiring(parts.replica, parts.store, settings.rollout_idle_timeout))
+            parts.replica.keep(
+                expiring(parts.replica, parts.store, parts.backends, settings.rollout_idle_timeout)
+            )
         await parts.replica.start()
         # What start-up built (modules, routes, models, pools) lives as long as the app: kept out of the
         # collector's sight, a full collection scans only what calls made since, and holds up the calls in

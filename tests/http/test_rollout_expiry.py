@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from gateway.replicas.expiry import sweep
 from trainer_client.cli import main as trainer_client_cli
 
 import support
@@ -26,8 +27,9 @@ async def played(gw, rollout_id: str) -> None:
 
 
 async def expire(gw) -> list[str]:
-    """The sweep, an hour past a minute's idle limit."""
-    return await gw.app.state.control.store.expire_idle(60.0, now=time.time() + 3600.0)
+    """The leading process's sweep, an hour past a minute's idle limit."""
+    control = gw.app.state.control
+    return await sweep(control.store, control.backends, 60.0, now=time.time() + 3600.0)
 
 
 async def test_an_expired_rollout_shows_its_status_and_refuses_a_late_call_without_calling_the_engine(gw):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from gateway.fleet.pool import BackendPool
+from gateway.replicas.expiry import sweep
 from gateway.store.database import ensure_schema
 from gateway.store.records import NewRollout, Reward, StoreError, TurnRecord
 from gateway.store.store import Store
@@ -116,12 +117,15 @@ async def test_expired_rollouts_leave_their_servers_load_and_new_rollouts_spread
     try:
         for i in range(6):  # a previous run's rollouts on s0, never finished
             await store.pin(f"old-{i}", lambda _: "http://s0", pool.urls)
-        await store.expire_idle(60.0, now=time.time() + 3600.0)
+        await pool.route("mine", None)  # and one this process placed
+        await sweep(store, pool, 60.0, now=time.time() + 3600.0)
+        pinned = [server.pinned for server in pool.servers.values()]
 
         placed = await asyncio.gather(*(pool.route(f"new-{i}", None) for i in range(6)))
     finally:
         await pool.close()
 
+    assert pinned == [0, 0, 0]
     assert Counter(server.url for server, _ in placed) == {"http://s0": 2, "http://s1": 2, "http://s2": 2}
 
 
