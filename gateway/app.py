@@ -32,6 +32,7 @@ from gateway.openai.protocol import ChatCompletionTokensRequest, CompletionReque
 from gateway.openai.router import router as openai_router
 from gateway.openai.router import tokens_router
 from gateway.openapi import install_docs, install_openapi
+from gateway.replicas.expiry import expiring
 from gateway.replicas.publish import publish
 from gateway.replicas.replica import Replica
 from gateway.responses.protocol import ResponsesRequest
@@ -101,6 +102,10 @@ def create_app(
         await parts.local_render.build(settings.local_render)
         listing = BackendFile(settings.backend_file) if settings.backend_file else None
         publish(parts.replica, parts.backends, listing, settings.health_interval, watch=own_backends)
+        if settings.rollout_idle_timeout:
+            parts.replica.keep(
+                expiring(parts.replica, parts.store, parts.backends, settings.rollout_idle_timeout)
+            )
         await parts.replica.start()
         # What start-up built (modules, routes, models, pools) lives as long as the app: kept out of the
         # collector's sight, a full collection scans only what calls made since, and holds up the calls in

@@ -65,6 +65,7 @@ _STORE_STATUS = {
     "group_full": 409,
     "group_claimed": 409,
     "rollout_finished": 409,
+    "rollout_expired": 409,
 }
 _BACKEND_STATUS = {
     "timeout": (504, "backend_timeout"),

@@ -304,6 +304,16 @@ class Settings(BaseSettings):
         description="Seconds a new agent call waits while the gateway is paused before a 503.",
         json_schema_extra=_in(Group.LIMITS),
     )
+    rollout_idle_timeout: float = Field(
+        default=4 * 3600.0,
+        ge=0,
+        description="Seconds a running rollout may go without a model call or a control request (its "
+        "creation, a reward) before the gateway expires it: it ends with status expired, stops counting "
+        "in its server's load and in the rollouts running, takes no more calls (409 rollout_expired) and "
+        "trains as a failed member of its group. For environments that crash without finishing their "
+        "rollouts; set it well above an agent's longest step between two calls. 0: never.",
+        json_schema_extra=_in(Group.LIMITS),
+    )
     # -- security -------------------------------------------------------------------------------------------
     control_token: SecretStr | None = Field(
         default=None,

@@ -226,7 +226,7 @@ def metrics_page() -> str:
     facts = RunFacts(
         lambda: True, None, servers, SimpleNamespace(paused=False), SimpleNamespace(policy_version="0")
     )
-    facts._backlog = Backlog(running=0, unclaimed_groups=0)
+    facts._backlog = Backlog(running=0, expired=0, unclaimed_groups=0)
     metrics.registry.register(facts)
     metrics.call("chat", 200, 0.1, prompt_tokens=1, completion_tokens=1)
     metrics.errors.labels(reason="502").inc()

@@ -1,5 +1,6 @@
 """What every process of the gateway knows alike, exported by the leading one alone: whether the run is
-paused, the policy version served, the fleet's servers, rollouts running and groups waiting for a trainer.
+paused, the policy version served, the fleet's servers, rollouts running and expired, and groups waiting for
+a trainer.
 Each replica exporting them would make Prometheus add one fact up once per replica."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ NAMES = frozenset(
         "gateway_paused",
         "gateway_policy_version",
         "gateway_rollouts_running",
+        "gateway_rollouts_expired",
         "gateway_groups_unclaimed",
         "gateway_backend_healthy",
         "gateway_backend_draining",
@@ -78,6 +80,11 @@ class RunFacts(Collector):
         if self._backlog is not None:
             yield GaugeMetricFamily(
                 "gateway_rollouts_running", "Rollouts running.", value=self._backlog.running
+            )
+            yield GaugeMetricFamily(
+                "gateway_rollouts_expired",
+                "Rollouts the gateway expired: no call or control request for --rollout-idle-timeout.",
+                value=self._backlog.expired,
             )
             yield GaugeMetricFamily(
                 "gateway_groups_unclaimed",

@@ -1,5 +1,5 @@
-"""What the run holds of work, as the gateway's metrics show it: rollouts running, and groups ready for a
-trainer that none has claimed yet (the trainers' backlog)."""
+"""What the run holds of work, as the gateway's metrics show it: rollouts running and expired, and groups
+ready for a trainer that none has claimed yet (the trainers' backlog)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from gateway.store.status import RolloutStatus
 class Backlog:
     running: int
     """Rollouts running."""
+    expired: int
+    """Rollouts the gateway expired (`gateway.store.expiry`)."""
     unclaimed_groups: int
     """Groups whose members have all finished (and all been created, for a group declared with a size), of
     which no trainer has claimed any; evaluation rollouts, never trained on, are left out."""
@@ -23,7 +25,10 @@ class Backlog:
 
 def backlog(conn: Connection) -> Backlog:
     r = schema.rollouts
-    running = conn.execute(select(func.count()).where(r.c.status == RolloutStatus.RUNNING)).scalar_one()
+    running, expired = (
+        conn.execute(select(func.count()).where(r.c.status == status)).scalar_one()
+        for status in (RolloutStatus.RUNNING, RolloutStatus.EXPIRED)
+    )
     # Only groups with a finished rollout no trainer claimed are looked at (`claimed_by` is indexed): a long
     # run's claimed history is not aggregated again at every look.
     waiting = (
@@ -44,4 +49,4 @@ def backlog(conn: Connection) -> Backlog:
         .subquery()
     )
     unclaimed = conn.execute(select(func.count()).select_from(ready)).scalar_one()
-    return Backlog(running=int(running), unclaimed_groups=int(unclaimed))
+    return Backlog(running=int(running), expired=int(expired), unclaimed_groups=int(unclaimed))

@@ -8,9 +8,11 @@ commits; a failed transaction drops them, a conflict with another replica drops 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
 from gateway.store.lineage import Lineage
 from gateway.store.records import RolloutState
+from gateway.store.status import RolloutStatus
 
 _MAX_ROLLOUT_STATES = 200_000
 _EARLY_RETRIES = 10_000
@@ -76,6 +78,14 @@ class WriterCaches:
 
     def finished(self, rollout_id: str) -> None:
         self._finished.append(rollout_id)
+
+    def expired(self, rollout_ids: list[str]) -> None:
+        """Rollouts this transaction expired: a late call of theirs is refused before it reaches an engine."""
+        for rollout_id in rollout_ids:
+            known = self.state(rollout_id)
+            if known is not None:
+                self.set_state(rollout_id, replace(known, status=RolloutStatus.EXPIRED))
+            self.finished(rollout_id)
 
     def remember_early_retry(self, key: tuple[str, str, int], index: int, attempt: int) -> None:
         self.early_retries.setdefault(key, {})[index] = attempt

@@ -22,7 +22,7 @@ from gateway.store import pins, reads, schema
 from gateway.store.caches import WriterCaches
 from gateway.store.database import DriverStatement
 from gateway.store.lineage import Lineage, Node, find_parent, lineage_of, place, reply_message, with_reply
-from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord
+from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord, not_running
 from gateway.store.status import RolloutStatus, TurnStatus
 from gateway.store.turn_rows import row_of
 
@@ -182,7 +182,7 @@ class Operations:
         )
         assert state is not None, "the rollout exists: it was just created or found"
         if state.status != RolloutStatus.RUNNING:
-            raise StoreError(f"rollout {record.rollout_id!r} is already {state.status}", "rollout_finished")
+            raise not_running(record.rollout_id, state.status)
         lineage = self._lineage(conn, record.rollout_id)
         index = lineage.last_index + 1
         if record.request_hash is not None:
@@ -301,7 +301,7 @@ class Operations:
     def finish(self, conn: Connection, rollout_id: str, status: str, reward: Reward | None) -> dict[str, Any]:
         row = self._require_rollout(conn, rollout_id)
         if row["status"] != RolloutStatus.RUNNING:
-            raise StoreError(f"rollout {rollout_id!r} is already {row['status']}", "rollout_finished")
+            raise not_running(rollout_id, row["status"])
         if reward is not None:
             self._write_reward(conn, rollout_id, reward)
             row.update(reward=reward.value, reward_components=reward.components)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.store.status import RolloutStatus
 from gateway.store.tokens import ID_DTYPE, LOGPROB_DTYPE
 
 
@@ -148,3 +149,14 @@ class StoreError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
+
+
+def not_running(rollout_id: str, status: str) -> StoreError:
+    """The refusal of a turn or a finish on a rollout that ended: an expired one says so, since its
+    environment, not the gateway, is the one that is late."""
+    if status == RolloutStatus.EXPIRED:
+        return StoreError(
+            f"rollout {rollout_id!r} expired: no call or control request came for --rollout-idle-timeout",
+            "rollout_expired",
+        )
+    return StoreError(f"rollout {rollout_id!r} is already {status}", "rollout_finished")

@@ -14,9 +14,18 @@ class RolloutStatus(StrEnum):
     FAILED = "failed"
     TRUNCATED = "truncated"
     ABORTED = "aborted"
+    EXPIRED = "expired"
+    """Ended by the gateway: no call and no control request for --rollout-idle-timeout (its environment
+    died, or forgot it). Trains as a failed member of its group."""
 
 
-FINISHED = (RolloutStatus.COMPLETED, RolloutStatus.FAILED, RolloutStatus.TRUNCATED, RolloutStatus.ABORTED)
+FINISHED = (
+    RolloutStatus.COMPLETED,
+    RolloutStatus.FAILED,
+    RolloutStatus.TRUNCATED,
+    RolloutStatus.ABORTED,
+    RolloutStatus.EXPIRED,
+)
 TRAINABLE = (RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED)
 """Finished rollouts whose turns can train a policy (given a reward)."""
 

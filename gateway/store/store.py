@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Collection
 from typing import Any
 
-from gateway.store import reads
+from gateway.store import expiry, reads
 from gateway.store.backlog import Backlog, backlog
 from gateway.store.checkpoints import Checkpointer
 from gateway.store.database import is_sqlite, make_engine
@@ -44,6 +45,19 @@ class Store:
 
     async def finish_rollout(self, rollout_id: str, status: str, reward: Reward | None) -> dict[str, Any]:
         return await self.writer.finish_rollout(rollout_id, status, reward)
+
+    async def expire_idle(self, idle: float, now: float | None = None) -> list[str]:
+        """Expire the running rollouts with no call and no control request for `idle` seconds before `now`
+        (`gateway.store.expiry`); the ones expired."""
+        now = time.time() if now is None else now
+        cutoff = now - idle
+        expired: list[str] = []
+        while True:
+            idle_ids = await asyncio.to_thread(self._read, expiry.idle_rollouts, cutoff)
+            if idle_ids:
+                expired += await self.writer.expire(idle_ids, cutoff, now)
+            if len(idle_ids) < expiry.BATCH:
+                return expired
 
     async def pin(self, rollout_id: str, pick: Pick, usable: Collection[str]) -> Pin:
         """The server a rollout's calls go to, agreed through the store (`gateway.store.pins`)."""

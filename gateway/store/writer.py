@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from gateway.store import expiry
 from gateway.store.caches import WriterCaches
 from gateway.store.lineage import Node
 from gateway.store.operations import Operations, group_lock, lock_rollouts
@@ -111,6 +112,17 @@ class StoreWriter:
         return await self.submit(
             lambda conn: self._operations.finish(conn, rollout_id, status, reward), rollout_id
         )
+
+    async def expire(self, rollout_ids: list[str], cutoff: float, now: float) -> list[str]:
+        """Expire the rollouts still idle since `cutoff` (`gateway.store.expiry`), locked up front like every
+        write of theirs; the ones it expired."""
+
+        def run(conn: Connection) -> list[str]:
+            expired = expiry.expire(conn, rollout_ids, cutoff, now)
+            self._caches.expired(expired)
+            return expired
+
+        return await self.submit(run, *rollout_ids)
 
     def close(self) -> None:
         self._queue.put(None)

@@ -12,8 +12,8 @@ from typing import Any
 from fastapi import Request
 
 from gateway.auth import check_agent_key
-from gateway.errors import ApiError
-from gateway.store.records import Limits, RolloutState
+from gateway.errors import ApiError, store_failure
+from gateway.store.records import Limits, RolloutState, not_running
 from gateway.store.status import Limit, RolloutStatus
 from gateway.turns.capture import TurnCapture
 from gateway.turns.context import TurnContext
@@ -43,7 +43,7 @@ async def admit(ctx: TurnContext, request: Request, rollout_id: str) -> RolloutS
     if rollout is None and ctx.require_registered:
         raise ApiError(404, f"rollout {rollout_id!r} is not registered", "rollout_not_found")
     if rollout is not None and rollout.status != RolloutStatus.RUNNING:
-        raise ApiError(409, f"rollout {rollout_id!r} is already {rollout.status}", "rollout_finished")
+        raise store_failure(not_running(rollout_id, rollout.status))
     return rollout
 
 
