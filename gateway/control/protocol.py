@@ -30,8 +30,8 @@ def _non_finite(value: Any, where: str) -> str | None:
 
 
 def _finite(value: Any, info: ValidationInfo) -> Any:
-    """Refuse NaN and Infinity in free JSON: Python's JSON parser reads them, but JSON has no form for them, so
-    the store would keep null in their place."""
+    """Refuse NaN and Infinity in free JSON: Python's JSON parser reads them, but JSON has no form for them,
+    so the store would keep null in their place."""
     where = _non_finite(value, str(info.field_name))
     if where is not None:
         raise ValueError(f"{where} is not a finite number (JSON has no NaN or Infinity)")
