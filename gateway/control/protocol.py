@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from gateway.encoding import RequestModel
 from gateway.ids import ID_PATTERN
@@ -14,6 +15,30 @@ from gateway.turns.sampling import Sampling
 MAX_GROUP_SIZE = 65536
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
+
+
+def _non_finite(value: Any, where: str) -> str | None:
+    """Where in `value` a NaN or an infinity lies, if anywhere."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def _finite(value: Any, info: ValidationInfo) -> Any:
+    """Refuse NaN and Infinity in free JSON: Python's JSON parser reads them, but JSON has no form for them,
+    so the store would keep null in their place."""
+    where = _non_finite(value, str(info.field_name))
+    if where is not None:
+        raise ValueError(f"{where} is not a finite number (JSON has no NaN or Infinity)")
+    return value
+
+
+FiniteJson = Annotated[dict[str, Any], AfterValidator(_finite)]
 
 
 class RolloutLimits(RequestModel):
@@ -33,7 +58,7 @@ class CreateRolloutRequest(RequestModel):
     and one created after a trainer took the group are refused (409). Without it, a group is served once none
     of its members is running."""
     task_id: Annotated[str, Field(max_length=256)] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: FiniteJson = Field(default_factory=dict)
     mode: Mode | None = None
     """Overrides the gateway's --mode for this rollout's turns."""
     tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=32)] | None = (
@@ -45,6 +70,13 @@ class CreateRolloutRequest(RequestModel):
     sampling: Sampling | None = None
     """Sampling fields that replace the agent's own on every call of the rollout (over --sampling);
     `max_tokens` caps what the agent asks."""
+
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _finite_sampling(cls, value: Any, info: ValidationInfo) -> Any:
+        """Its numbers are stored and sent to the engine as given: a bound such as `repetition_penalty > 0`
+        lets Infinity through, and `structured_outputs` is free JSON."""
+        return _finite(value, info)
 
 
 class RolloutCreated(BaseModel):

@@ -159,8 +159,10 @@ class Operations:
         return state
 
     def _create_if_absent(self, conn: Connection, rollout_id: str) -> RolloutState | None:
-        """Create the rollout an agent calls before anyone registered it; None if it exists already."""
-        new = NewRollout(rollout_id)
+        """Create the rollout an agent calls before anyone registered it; None if it exists already. It is
+        created as `POST /rollouts` with its id alone would create it: its group is the one its id names,
+        which it joins or is refused by (`_joining`) as any new member."""
+        new = _joining(conn, NewRollout(rollout_id))
         created = _CREATE_IF_ABSENT[conn.dialect.name].execute(conn, _rollout_row(new))
         return self._created(new) if created == 1 else None
 

@@ -79,9 +79,13 @@ class StoreWriter:
         return future
 
     def enqueue_turns(self, records: list[TurnRecord]) -> asyncio.Future[list[int]]:
+        """A rollout's first turn may create it, in the group its id names: that group is locked with it."""
         insert_turn = self._operations.insert_turn
+        rollouts = {r.rollout_id for r in records}
         return self.submit(
-            lambda conn: [insert_turn(conn, record) for record in records], *{r.rollout_id for r in records}
+            lambda conn: [insert_turn(conn, record) for record in records],
+            *rollouts,
+            *(group_lock(rollout_id) for rollout_id in rollouts),
         )
 
     async def insert_turns(self, records: list[TurnRecord]) -> list[int]:
@@ -102,7 +106,12 @@ class StoreWriter:
         )
 
     async def pin(self, rollout_id: str, pick: Pick, keep: Collection[str]) -> Pin:
-        return await self.submit(lambda conn: self._operations.pin(conn, rollout_id, pick, keep), rollout_id)
+        """A rollout's first pin may create it, in the group its id names: that group is locked with it."""
+        return await self.submit(
+            lambda conn: self._operations.pin(conn, rollout_id, pick, keep),
+            rollout_id,
+            group_lock(rollout_id),
+        )
 
     async def add_reward(self, rollout_id: str, reward: Reward) -> None:
         await self.submit(lambda conn: self._operations.add_reward(conn, rollout_id, reward), rollout_id)

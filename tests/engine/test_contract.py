@@ -2,16 +2,27 @@
 (schemathesis) finds no server error, no error outside the OpenAI format and no 2xx that breaks its schema,
 against the running gateway on the real engine, on SQLite and PostgreSQL: each route on its own, and agent
 calls on the rollouts `POST /rollouts` creates (its answer's `rollout_id` linked to the agent routes' path),
-under a context limit, so that the gateway counts, packs and records what the fuzzer sends."""
+under a context limit, so that the gateway counts, packs and records what the fuzzer sends.
+
+The linked runs create rollouts in a few groups of a few declared sizes, make agents' first calls on the
+groups' own ids too (which create a rollout in the group the id names), finish rollouts and have a trainer
+claim what is ready as they go: no group ever holds more members than its declared size. The same run on a
+stand-in engine is in the fast tier."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
-from typing import Any
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 import httpx
 import pytest
 import schemathesis
+import sqlalchemy as sa
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -22,13 +33,19 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from gateway.store.database import ensure_schema, make_engine
+from trainer_client import TrainerClient
+
 from support import TIMEOUT, admin
+from support.fake_engine import chat_completion
+from support.gateways import GatewayThread
 
 MAX_EXAMPLES = 25
 """Per operation: bounded, so that the run costs about a minute of engine time."""
 LINKED_SCENARIOS = 12
 """Scenarios of the linked run (a rollout created, then calls on it): a few seconds of engine time."""
 AGENT_ROUTE = re.compile(r"^/rollouts/\{rollout_id\}/(v1/|tokenize$|detokenize$)")
+LINKED_ROUTE = re.compile(r"^/rollouts/\{rollout_id\}/(v1/|tokenize$|detokenize$|finish$)")
 
 
 def test_every_route_documents_its_request_and_its_answers(gateway):
@@ -116,47 +133,128 @@ def test_fuzzed_requests_get_no_server_error_and_only_documented_answers(fuzzed,
         fuzz()
 
 
-def _linked(document: dict[str, Any]) -> dict[str, Any]:
-    """The document with links from `POST /rollouts`'s answer to every agent route, by the rollout id, and
-    only those operations: the rollout is created, then called on as an agent calls."""
+GROUPS = ["g1", "g2"]
+"""The groups a linked scenario's rollouts are created in, its own (`Grouped.round`: what a scenario meets
+depends on it alone, as hypothesis requires); a member that declares a size declares the one its group's name
+ends with, so that most of them agree."""
+GROUP_SIZES = [1, 2]
+
+
+def _linked(document: dict[str, Any], targets: re.Pattern[str] = AGENT_ROUTE) -> dict[str, Any]:
+    """The document with links from `POST /rollouts`'s answer to every `targets` route, by the rollout's id
+    and by its group's (an agent's first call on a group's id creates a rollout in that group), and only those
+    operations: the rollout is created, then called on as an agent and its environment call. Its body's
+    `group_id` and `group_size` are drawn from a few values, so that a scenario's rollouts share groups and
+    go past their sizes."""
     links = {}
     paths = {}
     for path, operations in document["paths"].items():
-        if AGENT_ROUTE.match(path):
+        if targets.match(path):
             paths[path] = operations
             pointer = path.replace("~", "~0").replace("/", "~1")
             for method in operations:
                 name = re.sub(r"\W+", "_", f"{method}{path}")
-                links[name] = {
-                    "operationRef": f"#/paths/{pointer}/{method}",
-                    "parameters": {"path.rollout_id": "$response.body#/rollout_id"},
-                }
+                for field in ("rollout_id", "group_id"):
+                    links[f"{name}_by_{field}"] = {
+                        "operationRef": f"#/paths/{pointer}/{method}",
+                        "parameters": {"path.rollout_id": f"$response.body#/{field}"},
+                    }
     create = document["paths"]["/rollouts"]["post"]
     create["responses"]["201"]["links"] = links
     paths["/rollouts"] = {"post": create}
+    request = document["components"]["schemas"]["CreateRolloutRequest"]
+    request["properties"]["group_id"] = {"enum": GROUPS}
+    request["properties"]["group_size"] = {"enum": GROUP_SIZES}
+    request["required"] = ["group_id"]
     return {**document, "paths": paths}
+
+
+_SCENARIOS = itertools.count()
+
+
+def grouped(machine: type, trainer: TrainerClient) -> type:
+    """`machine` with each scenario's groups its own, and `trainer` claiming what is ready after every
+    finish. Its `seen` lists every answer (method, path, status, error code), `claimed` counts what the
+    trainer took."""
+    steps = itertools.count()
+
+    class Grouped(machine):  # type: ignore[misc, valid-type]
+        seen: ClassVar[list[tuple[str, str, int, str | None]]] = []
+        claimed = 0
+        """Rollouts the trainer took."""
+
+        def setup(self) -> None:
+            self.round = next(_SCENARIOS)
+
+        def before_call(self, case) -> None:
+            super().before_call(case)
+            if case.path == "/rollouts" and isinstance(case.body, dict) and "group_id" in case.body:
+                group = case.body["group_id"]
+                case.body["group_id"] = f"r{self.round}-{group}"
+                if "group_size" in case.body and group[-1].isdigit():
+                    case.body["group_size"] = int(group[-1])
+
+        def after_call(self, response, case) -> None:
+            super().after_call(response, case)
+            code = response.json()["error"]["code"] if response.status_code >= 400 else None
+            Grouped.seen.append((case.method, case.path, response.status_code, code))
+            if case.path.endswith("/finish") and response.status_code == 200:
+                Grouped.claimed += len(trainer.claim("fuzzer", next(steps)).samples)
+
+    return Grouped
+
+
+def groups_past_their_size(db: str) -> list[tuple[str, int, int]]:
+    """Groups holding more members than they were declared with, by the documented `group_stats` view."""
+    engine = make_engine(db)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT group_id, group_size, rollouts FROM group_stats "
+                    "WHERE group_size IS NOT NULL AND rollouts > group_size"
+                )
+            )
+            return [tuple(row) for row in rows]
+    finally:
+        engine.dispose()
+
+
+def declared_groups(db: str) -> list[tuple[int, int]]:
+    """(declared size, members) of every declared group, for what the run exercised."""
+    engine = make_engine(db)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text("SELECT group_size, rollouts FROM group_stats WHERE group_size IS NOT NULL")
+            )
+            return [(int(size), int(members)) for size, members in rows]
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize("kind", ["positive", "negative"])
 def test_agent_calls_on_created_rollouts_get_no_server_error(start_gateway, databases, kind):
-    limited = start_gateway(databases.new("sqlite"), "--max-context-tokens", "300")
+    db = databases.new("sqlite")
+    limited = start_gateway(db, "--max-context-tokens", "300")
     document = httpx.get(limited.url + "/openapi.json", timeout=TIMEOUT).json()
-    schema = schemathesis.openapi.from_dict(_linked(document))
+    schema = schemathesis.openapi.from_dict(_linked(document, LINKED_ROUTE))
     schema.config.update(base_url=limited.url)
     schema.config.generation.update(modes=[GenerationMode(kind)])
     machine = schema.as_state_machine()
-    assert schema.statistic.transitions.total == 10  # POST /rollouts to each agent operation
+    # POST /rollouts to each agent operation and to the finish, by the rollout's id and by its group's.
+    assert schema.statistic.transitions.total == 22
     linked: list[str] = []
 
     class Linked(machine):
         def before_call(self, case) -> None:
             _bounded(case)
             if case.path == "/rollouts":
-                # A new rollout every time (201, its link followed), so that a scenario replays as it ran
-                # and the negative run's agent calls are made: the fuzzer aims at those.
+                # A new rollout every time (201 unless its group refuses it, its links followed), so that a
+                # scenario replays as it ran and the negative run's agent calls are made: the fuzzer aims at
+                # those.
                 if isinstance(case.body, dict) and kind == "positive":
-                    for key in ("rollout_id", "group_id", "group_size"):
-                        case.body.pop(key, None)
+                    case.body.pop("rollout_id", None)
                 else:
                     case.body = {}
 
@@ -168,17 +266,145 @@ def test_agent_calls_on_created_rollouts_get_no_server_error(start_gateway, data
             if AGENT_ROUTE.match(case.path):
                 linked.append(f"{case.method} {case.path}")
 
-    run_state_machine_as_test(
-        Linked,
-        settings=settings(
-            max_examples=LINKED_SCENARIOS,
-            stateful_step_count=4,
-            phases=[Phase.generate],
-            derandomize=True,
-            deadline=None,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        ),
-    )
+    with TrainerClient(db) as trainer:
+        run_state_machine_as_test(
+            grouped(Linked, trainer),
+            settings=settings(
+                max_examples=LINKED_SCENARIOS,
+                stateful_step_count=4,
+                phases=[Phase.generate],
+                derandomize=True,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
 
     assert len(set(linked)) >= 5, linked  # the links are followed: calls on the created rollouts
+    assert groups_past_their_size(db) == []
+
+
+# The fast tier: the group part of the linked run, on an engine's stand-in.
+
+
+class _StandIn(BaseHTTPRequestHandler):
+    """vLLM's answers as the linked run needs them: a chat completion (whole or streamed), /tokenize and
+    /detokenize, the models list and 200 to the fleet's health checks."""
+
+    def do_GET(self) -> None:
+        self._answer({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])) or b"{}")
+        if self.path == "/v1/chat/completions" and body.get("stream"):
+            event = {"id": "c", "object": "chat.completion.chunk", "prompt_token_ids": [1, 2, 3], "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": "stop",
+                 "token_ids": [7], "logprobs": {"content": [{"token": "ok", "logprob": -0.5}]}}
+            ]}  # fmt: skip
+            self._answer(f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode(), "text/event-stream")
+        elif self.path == "/v1/chat/completions":
+            usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+            self._answer({**chat_completion([1, 2, 3], [7], "ok"), "usage": usage})
+        elif self.path == "/tokenize":
+            self._answer({"count": 3, "max_model_len": 64, "tokens": [1, 2, 3]})
+        elif self.path == "/detokenize":
+            self._answer({"prompt": "ok"})
+        else:
+            self._answer(
+                {"error": {"message": "not found", "type": "NotFoundError", "code": 404}}, status=404
+            )
+
+    def _answer(self, payload: Any, kind: str = "application/json", status: int = 200) -> None:
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def stand_in() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+GROUP_ROUTES = re.compile(r"^/rollouts/\{rollout_id\}/(v1/chat/completions|tokenize|finish)$")
+"""The routes the fast run links: a chat call and /tokenize (both create a rollout on its first call), the
+finish."""
+CHAT = "/rollouts/{rollout_id}/v1/chat/completions"
+AGENT_BODIES = {
+    CHAT: {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+    "/rollouts/{rollout_id}/tokenize": {"model": "tiny", "prompt": "hi"},
+}  # fmt: skip
+
+
+def test_linked_runs_with_group_sizes_and_claims_never_grow_a_group_past_its_size(
+    stand_in, databases, db_kind, work_dir
+):
+    db = databases.new(db_kind)
+    ensure_schema(db)
+    gateway = GatewayThread([stand_in], db, log_path=work_dir / "grouped-contract.log").start()
+    trainer = TrainerClient(db)
+    try:
+        document = httpx.get(gateway.url + "/openapi.json", timeout=TIMEOUT).json()
+        schema = schemathesis.openapi.from_dict(_linked(document, GROUP_ROUTES))
+        schema.config.update(base_url=gateway.url)
+        schema.config.generation.update(modes=[GenerationMode.POSITIVE])
+        machine = schema.as_state_machine()
+        assert schema.statistic.transitions.total == 6
+
+        class Linked(machine):
+            def before_call(self, case) -> None:
+                if case.path == "/rollouts":
+                    case.body = {
+                        key: case.body[key] for key in ("group_id", "group_size") if key in case.body
+                    }
+                elif case.path in AGENT_BODIES:
+                    case.body = AGENT_BODIES[case.path]  # the agent's body is the other run's subject
+                else:  # the finish, after a call of its agent and with a reward, so that its group trains
+                    rollout_id = case.path_parameters["rollout_id"]
+                    played = httpx.post(
+                        f"{gateway.agent_url(rollout_id)}/chat/completions",
+                        json=AGENT_BODIES[CHAT],
+                        timeout=TIMEOUT,
+                    )
+                    assert played.status_code < 500, played.text
+                    case.body = {"status": "completed", "reward": 1.0}
+
+            def validate_response(self, response, case, additional_checks=None, **kwargs) -> None:
+                _checked(response, case)
+
+        run = grouped(Linked, trainer)
+        run_state_machine_as_test(
+            run,
+            settings=settings(
+                max_examples=40,
+                stateful_step_count=12,
+                phases=[Phase.generate],
+                derandomize=True,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+    finally:
+        trainer.close()
+        gateway.stop()
+
+    assert groups_past_their_size(db) == []
+    # What the run exercised: groups filled to their size and claimed, members and agents' first calls on a
+    # group's id refused past it (after a claim too, in some runs: `group_claimed`).
+    assert any(size == members > 1 for size, members in declared_groups(db))
+    assert run.claimed > 0
+    refused = {(path, code) for _, path, _, code in run.seen if code in ("group_full", "group_claimed")}
+    assert {("/rollouts", "group_full"), (CHAT, "group_full")} <= refused
+    first_calls = {(path, status) for _, path, status, _ in run.seen if path in AGENT_BODIES}
+    assert {200, 409} <= {status for _, status in first_calls}, run.seen

@@ -127,6 +127,46 @@ async def test_a_reward_for_a_turn_index_beyond_any_store_column_is_a_422(gw):
     assert response.json()["error"]["param"] == "turn_index"
 
 
+@pytest.mark.parametrize(
+    ("path", "content", "param"),
+    [
+        ("/rollouts", b'{"rollout_id": "r2", "metadata": {"score": NaN}}', "metadata"),
+        ("/rollouts", b'{"rollout_id": "r2", "metadata": {"runs": [1, {"at": -Infinity}]}}', "metadata"),
+        ("/rollouts", b'{"rollout_id": "r2", "metadata": {"big": 1e999}}', "metadata"),
+        ("/rollouts", b'{"rollout_id": "r2", "sampling": {"repetition_penalty": Infinity}}', "sampling"),
+        ("/rollouts", b'{"rollout_id": "r2", "sampling": {"structured_outputs": {"x": NaN}}}', "sampling"),
+        ("/rollouts/r1/reward", b'{"reward": NaN}', "reward"),
+        ("/rollouts/r1/reward", b'{"reward": 1.0, "components": {"format": Infinity}}', "components.format"),
+        ("/rollouts/r1/finish", b'{"reward": -Infinity}', "reward"),
+        ("/rollouts/r1/finish", b'{"reward": 1.0, "components": {"format": NaN}}', "components.format"),
+    ],
+)
+async def test_a_control_body_with_nan_or_infinity_anywhere_is_a_422_and_stores_nothing(
+    gw, path, content, param
+):
+    await gw.client.post("/rollouts", json={"rollout_id": "r1"})
+
+    response = await gw.client.post(path, content=content, headers={"content-type": "application/json"})
+
+    assert_openai_error(response, 422, "invalid_request")
+    assert response.json()["error"]["param"] == param
+    assert (await gw.client.get("/rollouts/r2")).status_code == 404
+    untouched = await gw.rollout("r1")
+    assert (untouched["status"], untouched["reward"], untouched["rewards"]) == ("running", None, [])
+
+
+async def test_a_non_finite_number_in_metadata_is_named_where_it_lies(gw):
+    response = await gw.client.post(
+        "/rollouts",
+        content=b'{"metadata": {"runs": [1, {"at": NaN}]}}',
+        headers={"content-type": "application/json"},
+    )
+
+    assert response.json()["error"]["message"] == (
+        "metadata: Value error, metadata.runs.1.at is not a finite number (JSON has no NaN or Infinity)"
+    )
+
+
 async def test_finishing_twice_is_409_and_keeps_the_first_outcome(gw):
     await gw.client.post("/rollouts", json={"rollout_id": "r1"})
     await gw.client.post("/rollouts/r1/finish", json={"status": "failed"})
