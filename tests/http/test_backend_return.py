@@ -47,7 +47,7 @@ class Engine:
         """Stop listening and drop every connection: a call or check is refused until `up`."""
         assert self._server is not None
         self._server.close()
-        for writer in self._writers:
+        for writer in list(self._writers):
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
