@@ -53,9 +53,10 @@ class Metrics:
         stages = Histogram(
             "gateway_stage_seconds",
             "Seconds an agent call spends in each stage: admission (its arrival to its departure: the "
-            "rollout's state, the body read and checked, a pause), queue (waiting for a backend connection), "
-            "render (exact mode's prompt, a context limit's count), upstream (sent, queue included, to the "
-            "first token or the whole reply), relay (first token to last), commit (the store transaction).",
+            "rollout's state, the body read and checked, a pause), queue (waiting for a backend connection, "
+            "or for the prompt a group's first call computes), render (exact mode's prompt, a context "
+            "limit's count), upstream (sent, queue included, to the first token or the whole reply), relay "
+            "(first token to last), commit (the store transaction).",
             ["stage"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 300),
             registry=self.registry,
@@ -78,7 +79,10 @@ class Metrics:
             registry=self.registry,
         )
         self.queued = Gauge(
-            "gateway_calls_queued", "Agent calls waiting for a backend connection.", registry=self.registry
+            "gateway_calls_queued",
+            "Agent calls waiting for a backend connection, or for the prompt their group's first call "
+            "computes.",
+            registry=self.registry,
         )
         self.loop_lag = Histogram(
             "gateway_event_loop_lag_seconds",

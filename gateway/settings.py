@@ -199,7 +199,8 @@ class Settings(BaseSettings):
     )
     backend_timeout: float = Field(
         default=600.0,
-        description="Seconds to wait for a backend reply.",
+        description="Seconds to wait for a backend reply, the wait for a prompt computed ahead of it "
+        "(--leader-first) included.",
         json_schema_extra=_in(Group.BACKENDS),
     )
     connect_timeout: float = Field(
@@ -250,8 +251,9 @@ class Settings(BaseSettings):
     max_queued: int = Field(
         default=4096,
         ge=0,
-        description="Calls that may wait for a backend connection, all backends together; past that, a "
-        "call is answered 503 with retry-after (clients retry it).",
+        description="Calls that may wait for a backend connection or for the prompt their group's first "
+        "call computes (--leader-first), all backends together; past that, a call is answered 503 with "
+        "retry-after (clients retry it).",
         json_schema_extra=_in(Group.BACKENDS),
     )
     backend_api_key: SecretStr | None = Field(

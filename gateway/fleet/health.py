@@ -5,7 +5,9 @@ A check asks /health, then (when it passes) the served models and the prefix-cac
 `eject_after` checks in a row before it is ejected; one passing check re-admits it, once it holds the
 gateway's weights: a server coming back is first given the reloads and version it missed. Checks that only
 time out do not eject the last healthy server of a model: a server slow to answer under load is busy, and
-without it the model's every call would fail.
+without it the model's every call would fail. A call that no healthy server takes has the ejected servers
+checked at once, by whichever process it reached (`BackendPool.revive`), rather than waiting for the next
+round.
 """
 
 from __future__ import annotations

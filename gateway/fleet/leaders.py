@@ -9,6 +9,10 @@ one only shows the prompt is done by its first token, which the relay sees and t
 copy costs one decoded token and a round trip to the first member; the group saves a prompt's prefill per
 other member. Each gateway process leads its own calls: siblings that reach a server through two replicas
 compute the prompt at most twice.
+
+The copy is bounded by a share of the backend timeout (`BackendPool`), and each call's wait for it counts
+against the call's own timeout: the group's calls fail within one timeout, whatever the copy meets. The calls
+waiting for a copy are queued calls (`--max-queued`), as those waiting for a connection are.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +45,21 @@ class Leaders:
         self.followed = 0
         """Calls that waited for a copy another call sent."""
 
-    async def first(self, url: str, ahead: Ahead, compute: Callable[[], Awaitable[None]]) -> None:
+    async def first(
+        self,
+        url: str,
+        ahead: Ahead,
+        compute: Callable[[], Awaitable[None]],
+        queue: Callable[[Callable[[], Awaitable[object]]], Awaitable[None]],
+    ) -> None:
         """Return once the prompt of `ahead` is in the server's cache: when another call of this process that
-        is computing it is done, else after `compute` has had it computed. A copy that fails lets the calls go
-        on: each computes the prompt itself, as without a leader."""
+        is computing it is done (waited for in `queue`, which may refuse the call), else after `compute` has
+        had it computed. A copy that fails lets the calls go on: each computes the prompt itself, as without a
+        leader."""
         key = (url, ahead.prompt)
         computing = self._computing.get(key)
         if computing is not None:
-            self.followed += 1
-            await computing.wait()
+            await queue(partial(self._behind, computing))
             return
         done = self._computing[key] = asyncio.Event()
         self.led += 1
@@ -59,3 +70,7 @@ class Leaders:
         finally:
             del self._computing[key]
             done.set()
+
+    async def _behind(self, computing: asyncio.Event) -> None:
+        self.followed += 1
+        await computing.wait()

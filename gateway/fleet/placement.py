@@ -43,6 +43,7 @@ class Placement:
     async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
         """The rollout's server, and the server it left if it moved. A model no server lists goes where any
         model goes: the server's own answer (a 404) is the agent's."""
+        asked = model
         if model is not None and not any(model in s.models for s in self.servers.values()):
             model = None
         pinned = self._pins.get(rollout_id)
@@ -52,7 +53,7 @@ class Placement:
             return server, None
         candidate = choose(self.servers.values(), rollout_id, model)
         if candidate is None:
-            raise BackendFailure("unreachable", _none_for(model, self.servers.values()))
+            raise BackendFailure("unreachable", _none_for(asked, self.servers.values()))
         keep = [s.url for s in self.servers.values() if usable(s, model)]
         if self.pin_store is None:
             url, left, placed = candidate.url, pinned[0] if pinned else None, True

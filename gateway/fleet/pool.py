@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import aiohttp
@@ -22,7 +22,6 @@ from gateway.fleet.http1 import (
     ConnectTimeout,
     Disconnected,
     Http1Client,
-    ReplyTimeout,
 )
 from gateway.fleet.kv_events import KvEvents
 from gateway.fleet.leaders import Ahead, Leaders
@@ -43,6 +42,10 @@ control calls (pause, weights) never wait behind agents' reads through it (/v1/m
 _KEEPALIVE = 4.0
 """Idle connections are not reused past this, shorter than vLLM's uvicorn keeps them (5 s), so that few stale
 ones are."""
+_COPY_SHARE = 0.1
+"""The share of the backend timeout a group's copy sent ahead may take (`gateway.fleet.leaders`): it asks a
+prefill and one token, a small part of what a call may take; past it the calls behind it go on, each with
+what is left of its own deadline, and find in the cache the part of the prompt the copy computed."""
 _UNWRITTEN = "Can not write request body"
 """How aiohttp words a request whose body could not be sent: the server cannot have acted on it."""
 
@@ -69,7 +72,10 @@ class BackendPool:
         """Calls each server holds a connection for at once; more wait in the queue."""
         self.max_queued = max_queued
         self.queued = 0
-        """Calls waiting for a connection to their server, all servers together."""
+        """Calls waiting for a connection to their server or for the prompt their group's first call computes
+        ahead of them, all servers together."""
+        self.timeout = timeout
+        """Seconds a call may wait for its reply, a prompt computed ahead of it included."""
         self.waited: Callable[[float], None] = lambda _seconds: None
         """Called with the seconds each call waited for a connection (the metrics' queue stage)."""
         self.servers: dict[str, Server] = {}
@@ -87,6 +93,10 @@ class BackendPool:
         self.connect_timeout = connect_timeout
         self.ejected: Callable[[Server], None] = lambda _server: None
         """Called when a call finds a server unreachable (`gateway.replicas.publish` tells every process)."""
+        self.revived: Callable[[health.Found], None] = lambda _found: None
+        """Called when an ejected server passed a check made for a call that no server took (`revive`)."""
+        self._probes: dict[str, asyncio.Future[bool]] = {}
+        """The checks `revive` has in flight, by server: one each, whatever the calls waiting on it."""
         # The gateway's own credentials (vLLM's --api-key); an agent's are never forwarded.
         authorization = f"Bearer {api_key}" if api_key else None
         self._calls = Http1Client(
@@ -138,7 +148,40 @@ class BackendPool:
     # -- calls ----------------------------------------------------------------------------------------------
 
     async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
+        """The rollout's server (`Placement.route`). When no server takes it, the ejected ones are checked at
+        once (`revive`) before the call is refused."""
+        try:
+            return await self.placement.route(rollout_id, model)
+        except BackendFailure:
+            if not await self.revive():
+                raise
         return await self.placement.route(rollout_id, model)
+
+    async def revive(self) -> bool:
+        """Check every ejected server now, not at the next health check: a call that no server takes would
+        be refused, and a server that came back would wait up to --health-interval for its check (a load
+        balancer's panic mode). Those that pass are admitted, for every process (`revived`); whether one did.
+        One check runs at a time on each server: a burst of calls waits on the same one."""
+        probes = [self._probe(s) for s in self.servers.values() if not s.healthy]
+        return any(await asyncio.gather(*probes))
+
+    async def _probe(self, server: Server) -> bool:
+        probe = self._probes.get(server.url)
+        if probe is None:
+            probe = self._probes[server.url] = asyncio.ensure_future(self._readmit(server))
+            probe.add_done_callback(lambda _: self._probes.pop(server.url, None))
+        return await asyncio.shield(probe)  # a call that leaves does not end the check the others wait on
+
+    async def _readmit(self, server: Server) -> bool:
+        found = await self.check(server)
+        if not found.healthy:
+            return False
+        server.healthy = True
+        server.models, server.prefix_cache_hit_rate = found.models, found.prefix_cache_hit_rate
+        if found.weights is not None:
+            server.reloads, server.weight_version = found.weights.reloads, found.weights.version
+        self.revived(found)
+        return True
 
     def forget(self, rollout_id: str) -> None:
         self.placement.forget(rollout_id)
@@ -151,22 +194,29 @@ class BackendPool:
         stays, and the call is refused for its client to retry.
 
         Raises BackendFailure: unreachable when no server accepts a connection, busy, queue_full, timeout,
-        or failed. `ahead`: the call is its group's first, whose prompt is computed once for it and its
-        siblings (`gateway.fleet.leaders`).
+        or failed. `ahead`: the call is one of its group's first, whose prompt is computed once for it and its
+        siblings (`gateway.fleet.leaders`): the wait for that computation and the call's reply share the one
+        backend timeout.
         """
         moved_from: str | None = None
         last_error: Exception | None = None
+        deadline = time.monotonic() + self.timeout
         for _ in range(len(self.servers)):
             server, left = await self.route(rollout_id, model)
             moved_from = moved_from or left
             if ahead is not None:
-                await self.leaders.first(server.url, ahead, partial(self._compute, server, ahead))
+                compute = partial(self._compute, server, ahead)
+                await self.leaders.first(server.url, ahead, compute, partial(self._queue, server))
             await self._connection(server)
             started = time.monotonic()
             server.in_flight += 1
             server.requests += 1
             try:
-                connection = await self._post(server.url, path, body)
+                if ahead is None:  # the reply's own read timeout is the call's deadline
+                    connection = await self._post(server.url, path, body)
+                else:
+                    async with asyncio.timeout(deadline - time.monotonic()):
+                        connection = await self._post(server.url, path, body)
             except ConnectTimeout as exc:  # not a refusal: the server is busy
                 self._failed(server)
                 raise BackendFailure(
@@ -184,7 +234,7 @@ class BackendPool:
                 self._failed(server)
                 self._eject(server, f"went away: {exc.__cause__}")
                 raise BackendFailure("failed", f"backend {server.url} went away: {exc}", server.url) from exc
-            except ReplyTimeout as exc:
+            except TimeoutError as exc:  # the reply's read timeout (ReplyTimeout), or the call's deadline
                 self._failed(server)
                 raise BackendFailure("timeout", f"backend {server.url} timed out", server.url) from exc
             except (Disconnected, BrokenReply) as exc:
@@ -201,24 +251,30 @@ class BackendPool:
         raise BackendFailure("unreachable", message) from last_error
 
     async def _compute(self, server: Server, ahead: Ahead) -> None:
-        """Have the server compute the prompt of `ahead` (its copy's reply, read to the end)."""
-        await self._connection(server)
-        server.in_flight += 1
-        server.requests += 1
-        try:
-            connection = await self._post(server.url, ahead.path, ahead.copy)
-        except BaseException:
-            _left(server)
-            raise
-        await BackendReply(connection, partial(_left, server)).body()
+        """Have the server compute the prompt of `ahead` (its copy's reply, read to the end), within the
+        copy's share of the timeout: past it the copy is dropped (vLLM aborts it)."""
+        async with asyncio.timeout(self.timeout * _COPY_SHARE):
+            await self._connection(server)
+            server.in_flight += 1
+            server.requests += 1
+            try:
+                connection = await self._post(server.url, ahead.path, ahead.copy)
+            except BaseException:
+                _left(server)
+                raise
+            await BackendReply(connection, partial(_left, server)).body()
 
     async def _connection(self, server: Server) -> None:
-        """Take one of the server's connections, waiting in the queue while all are busy. Past `max_queued`
-        waiting calls the call is refused: an overloaded fleet answers 503 with retry-after, which clients
-        retry, rather than holding calls without bound."""
+        """Take one of the server's connections, waiting in the queue while all are busy."""
         if not server.connections.locked():
             await server.connections.acquire()  # free: returns at once
             return
+        await self._queue(server, server.connections.acquire)
+
+    async def _queue(self, server: Server, wait: Callable[[], Awaitable[object]]) -> None:
+        """Wait in the queue (`wait`: for a connection, or for the prompt computed ahead). Past `max_queued`
+        waiting calls the call is refused: an overloaded fleet answers 503 with retry-after, which clients
+        retry, rather than holding calls without bound."""
         if self.queued >= self.max_queued:
             raise BackendFailure(
                 "queue_full",
@@ -229,7 +285,7 @@ class BackendPool:
         self.queued += 1
         started = time.monotonic()
         try:
-            await server.connections.acquire()
+            await wait()
         finally:
             self.queued -= 1
             self.waited(time.monotonic() - started)

@@ -1,5 +1,6 @@
 """What the leading process finds of the fleet becomes the run state: health checks each --health-interval,
-the servers a --backend-file lists, and (from any process) a server a call could not connect to."""
+the servers a --backend-file lists, and (from any process) a server a call could not connect to or one a call
+that no server took found back (`BackendPool.revive`)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ log = logging.getLogger(__name__)
 def publish(
     replica: Replica, backends: BackendPool, listing: BackendFile | None, interval: float, *, watch: bool
 ) -> None:
-    """Publish the servers a call could not connect to and, with `watch`, what the health checks find
-    whenever this process leads."""
+    """Publish the servers a call could not connect to, those a call's check found back, and, with `watch`,
+    what the health checks find whenever this process leads."""
     backends.ejected = lambda server: replica.keep(ejected(replica, server))
+    backends.revived = lambda seen: replica.keep(found(replica, seen))
     if watch:
         replica.keep(checked(replica, backends, listing, interval))
 
