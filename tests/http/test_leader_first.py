@@ -182,7 +182,7 @@ def group_calls(pool: BackendPool, members: int) -> list[asyncio.Task]:
 async def test_a_group_whose_server_never_answers_fails_within_one_backend_timeout(serve: Serve):
     seen: list[bytes] = []
     url = await serve(engine_seeing(seen, never))
-    pool = BackendPool([url], timeout=1.5, connect_timeout=60, max_connections=8, max_queued=16)
+    pool = BackendPool([url], timeout=4, connect_timeout=60, max_connections=8, max_queued=16)
     started = time.monotonic()
     try:
         failures = await asyncio.gather(*group_calls(pool, 3), return_exceptions=True)
@@ -195,7 +195,9 @@ async def test_a_group_whose_server_never_answers_fails_within_one_backend_timeo
     ] * 3
     assert seen[0] == COPY  # the copy, given up at its bound: then each call, within what is left
     assert sorted(seen[1:]) == [b'{"call":0}', b'{"call":1}', b'{"call":2}']
-    assert took < 2.25  # 1.5 times the timeout: waiting for the copy, then for the reply, took 3 s before
+    # One timeout and some (the copy's bound is spent within it); waiting for the copy, then for the reply, took
+    # two (8 s) before: the margin is a loaded machine's.
+    assert took < 6
 
 
 async def test_a_copy_left_unanswered_holds_its_group_only_for_its_own_short_bound(serve: Serve):
@@ -204,7 +206,7 @@ async def test_a_copy_left_unanswered_holds_its_group_only_for_its_own_short_bou
 
     seen: list[bytes] = []
     url = await serve(engine_seeing(seen, all_but_the_copy))
-    pool = BackendPool([url], timeout=3, connect_timeout=60, max_connections=8, max_queued=16)
+    pool = BackendPool([url], timeout=6, connect_timeout=60, max_connections=8, max_queued=16)
     started = time.monotonic()
     try:
         bodies = [await routed.reply.body() for routed in await asyncio.gather(*group_calls(pool, 3))]
@@ -214,7 +216,9 @@ async def test_a_copy_left_unanswered_holds_its_group_only_for_its_own_short_bou
 
     assert bodies == [b"{}"] * 3
     assert seen[0] == COPY
-    assert took < 1.5  # half the timeout (the copy's bound is a tenth): the copy held its group 3 s before
+    # The copy's bound is a tenth of the timeout (0.6 s); it held its group the whole timeout (6 s) before: half
+    # of it leaves a loaded machine its margin.
+    assert took < 3
 
 
 async def test_calls_waiting_for_their_groups_copy_are_queued_and_refused_past_max_queued(serve: Serve):
