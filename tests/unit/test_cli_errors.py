@@ -168,6 +168,21 @@ def test_a_backend_url_with_user_info_is_one_line_without_the_password(
     assert list(tmp_path.iterdir()) == [config]  # refused before the store is made
 
 
+def test_an_unreachable_teacher_is_one_line_without_the_password(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, closed_port: int
+):
+    store = f"sqlite:///{tmp_path}/gateway.db"
+    ensure_schema(store)
+    teacher = f"http://user:S3CRET@127.0.0.1:{closed_port}"
+    score = ["score", "--db", store, "--teacher", teacher, "--model", "teacher"]
+
+    assert failed(trainer_client, score, capsys) == (
+        1,
+        f"trainer-client score: error: http://user:***@127.0.0.1:{closed_port}/v1/models: "
+        "ConnectError('[Errno 111] Connection refused')\n",
+    )
+
+
 def test_a_postgresql_url_without_the_postgres_extra_names_the_extra(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ):
