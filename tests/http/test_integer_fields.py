@@ -59,6 +59,14 @@ async def test_an_integral_float_under_a_trainers_cap_stays_the_agents_number(gw
     assert (length, type(length)) == (5, int)
 
 
+async def test_a_number_in_a_string_under_a_trainers_cap_stays_the_agents_number(gw):
+    await gw.client.post("/rollouts", json={"rollout_id": "r1", "sampling": {"max_tokens": 50}})
+
+    length = await sent_length(gw, "chat", "5")
+
+    assert (length, type(length)) == (5, int)
+
+
 @pytest.mark.parametrize("dialect", DIALECTS)
 async def test_an_integral_float_under_a_context_limit_stays_the_agents_number(start, dialect):
     gw = await start(max_context_tokens=1000)
