@@ -25,6 +25,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway.fleet.servers import without_user_info
 from gateway.store.database import check_url, is_sqlite
 from gateway.store.status import Mode
 from gateway.telemetry import missing_packages
@@ -181,7 +182,7 @@ class Settings(BaseSettings):
     backend: Annotated[list[str], NoDecode] = Field(
         default=["http://127.0.0.1:8000"],
         description="vLLM server base URL; repeat the flag (the variable: comma-separated; the file: a list) "
-        "for several.",
+        "for several. No user info: the gateway's credentials are --backend-api-key.",
         json_schema_extra=_in(Group.BACKENDS),
     )
     backend_file: str | None = Field(
@@ -484,7 +485,7 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             value = [part for part in value.split(",") if part.strip()]
         if isinstance(value, list):
-            return [str(v).strip().rstrip("/") for v in value]
+            return [without_user_info(str(v).strip().rstrip("/")) for v in value]
         return value
 
     @field_validator("kv_events", mode="before")

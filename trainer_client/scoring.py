@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
 from gateway.store import schema
-from gateway.store.database import make_engine, require_current_schema
+from gateway.store.database import make_engine, redacted, require_current_schema
 from training_data.teacher_scores import (
     ScoreFilter,
     TurnToScore,
@@ -56,6 +56,8 @@ class Server:
 
     def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
         self.url = url.rstrip("/")
+        self.shown = redacted(self.url)
+        """The URL as messages show it: a password of its user info (httpx's basic auth) hidden."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
@@ -79,9 +81,9 @@ class Server:
         try:
             reply = send()
         except httpx.HTTPError as exc:
-            raise TeacherError(f"{self.url}{path}: {exc!r}") from exc
+            raise TeacherError(f"{self.shown}{path}: {exc!r}") from exc
         if reply.status_code != 200:
-            raise TeacherError(f"{self.url}{path} answered {reply.status_code}: {reply.text[:300]}")
+            raise TeacherError(f"{self.shown}{path} answered {reply.status_code}: {reply.text[:300]}")
         answer: dict[str, Any] = orjson.loads(reply.content)
         return answer
 
@@ -97,7 +99,7 @@ class TeacherServer(Server):
         """The served model's version and context length; refuses a server that does not serve `model`."""
         served = {entry["id"]: entry for entry in self.get("/v1/models")["data"]}
         if self.model not in served:
-            raise TeacherError(f"{self.url} serves {sorted(served)}, not {self.model!r}")
+            raise TeacherError(f"{self.shown} serves {sorted(served)}, not {self.model!r}")
         entry = served[self.model]
         version = str(entry.get("root") or self.model)
         try:

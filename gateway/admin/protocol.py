@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from gateway.encoding import RequestModel
+from gateway.fleet.servers import without_user_info
 
 
 class PauseRequest(RequestModel):
@@ -30,8 +31,10 @@ class PolicyVersionRequest(RequestModel):
 
 
 class BackendRequest(RequestModel):
-    url: Annotated[str, Field(pattern=r"^https?://[!-.0-~][!-~]*$", max_length=256)]
-    """A vLLM server's base URL, as --backend takes it: printable ASCII, no space."""
+    url: Annotated[
+        str, Field(pattern=r"^https?://[!-.0-~][!-~]*$", max_length=256), AfterValidator(without_user_info)
+    ]
+    """A vLLM server's base URL, as --backend takes it: printable ASCII, no space, no user info."""
 
 
 class BackendView(BaseModel):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from gateway.fleet.servers import without_user_info
+
 log = logging.getLogger(__name__)
 
 
@@ -15,8 +17,15 @@ class BackendFile:
         self._seen: float | None = None
 
     def read(self) -> list[str]:
+        """The servers listed, less those whose URL names a user (said in the log, password hidden)."""
         lines = (line.split("#", 1)[0].strip() for line in self.path.read_text().splitlines())
-        return [line for line in lines if line]
+        urls = []
+        for line in filter(None, lines):
+            try:
+                urls.append(without_user_info(line))
+            except ValueError as exc:
+                log.warning("backend file %s: %s; left out", self.path, exc)
+        return urls
 
     def changed(self) -> list[str] | None:
         """The servers listed now if the file changed since last asked, else None (also when it cannot be

@@ -4,6 +4,21 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from gateway.store.database import redacted
+
+
+def without_user_info(url: str) -> str:
+    """`url` if it names no user: the engine client never sends a URL's user info, and a server's URL is its
+    name in logs, metrics, the admin state and every turn's record, where a password must not go. The
+    gateway's own credentials are `--backend-api-key`."""
+    if urlsplit(url).username is not None:
+        raise ValueError(
+            f"{redacted(url)}: a backend URL's user info is not sent to the server; give the gateway's "
+            "credentials with --backend-api-key (vLLM's --api-key)"
+        )
+    return url
 
 
 @dataclass

@@ -43,7 +43,7 @@ def check_url(url: str) -> str:
     try:
         parsed = make_url(normalize_url(url))
     except Exception:
-        raise ValueError(f"{url!r} is not a database URL; use {SUPPORTED_URLS}") from None
+        raise ValueError(f"{redacted(url)!r} is not a database URL; use {SUPPORTED_URLS}") from None
     if parsed.drivername not in ("sqlite", "sqlite+pysqlite", "postgresql+psycopg"):
         raise ValueError(f"the store cannot use {parsed.drivername!r} URLs; use {SUPPORTED_URLS}")
     if parsed.drivername == "postgresql+psycopg" and importlib.util.find_spec("psycopg") is None:
@@ -354,8 +354,23 @@ def ensure_schema(url: str) -> None:
 def display_url(url: str | URL) -> str:
     """The URL for messages and logs: any password hidden, PostgreSQL's port shown where the URL leaves it to
     the default, and without the session options the store's engine adds (`_without_jit`)."""
-    parsed = make_url(normalize_url(url) if isinstance(url, str) else url)
+    try:
+        parsed = make_url(normalize_url(url) if isinstance(url, str) else url)
+    except Exception:
+        return redacted(str(url))
     if parsed.get_backend_name() == "postgresql":
         port = parsed.port or (5432 if parsed.host else None)
         parsed = parsed.set(drivername="postgresql", port=port).difference_update_query(["options"])
     return parsed.render_as_string(hide_password=True)
+
+
+def redacted(url: str) -> str:
+    """Any URL (a store's, a backend's) as messages and logs show it: the password of its user info hidden as
+    `display_url` hides it (`user:***@`), whether or not the rest parses: a URL refused for its port is still
+    named in the refusal."""
+    return _PASSWORD.sub(r"\1***@", url, count=1)
+
+
+_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@]*:)[^@]*@")
+"""A URL's `scheme://user:` and its password up to the `@` (a password may hold a raw `/`, as SQLAlchemy
+reads it)."""

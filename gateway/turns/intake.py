@@ -63,12 +63,24 @@ async def read_call(request: Request, max_bytes: int, received: float, model: ty
 
 
 def validated(model: type[ModelT], body: dict[str, Any]) -> ModelT:
-    """`body` read as `model`; a 422 naming the offending field otherwise."""
+    """`body` read as `model`; a 422 naming the offending field otherwise. The integers `model` declares are
+    put back into `body` as read (`5.0` and `"5"` as 5), so that every later step (a trainer's cap, a context
+    limit, the stored params) and the engine see the agent's number as an int."""
     try:
-        return model.model_validate(body)
+        parsed = model.model_validate(body)
     except ValidationError as exc:
         message, param = validation_message(exc.errors())
         raise ApiError(422, message, "invalid_request", param) from None
+    for name in model.model_fields.keys() & body.keys():
+        value = getattr(parsed, name)
+        if type(value) is not int or type(body[name]) is int:
+            continue
+        if isinstance(body[name], bool):  # read as 1 or 0 by pydantic, never what the agent meant
+            raise ApiError(
+                422, f"{name}: Input should be a valid integer, not a boolean", "invalid_request", name
+            )
+        body[name] = value
+    return parsed
 
 
 def _attempt(request: Request) -> int:

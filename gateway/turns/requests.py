@@ -5,7 +5,9 @@ translation against it, so that a translated call meets the same limits as a cha
 Requests are validated as leniently as vLLM validates them (`"stream": "true"`, `"n": 1.0` and nulls are
 accepted, as vLLM accepts them), and forwarded as the agent sent them (plus the token-capture fields), never
 re-serialized from these models: fields not listed here pass through to vLLM untouched, so a newer client's
-extra parameters keep working.
+extra parameters keep working. The one rewrite is of the integers listed here: `5.0` is sent on as 5, the
+number the gateway caps and compares (`gateway.turns.intake.validated`); `true` is refused rather than read
+as 1.
 """
 
 from __future__ import annotations

@@ -223,3 +223,17 @@ async def test_admin_values_with_control_characters_are_422_and_change_nothing(g
     assert_openai_error(response, 422, "invalid_request")
     after = (await gw.client.get("/admin/state")).json()
     assert (after["policy_version"], after["backends"]) == (before["policy_version"], before["backends"])
+
+
+async def test_a_backend_url_with_user_info_is_422_without_the_password_and_changes_nothing(gw):
+    before = (await gw.client.get("/admin/state")).json()
+
+    response = await gw.client.post("/admin/backends", json={"url": "http://user:S3CRET@host:8000"})
+
+    error = assert_openai_error(response, 422, "invalid_request")
+    assert error["message"] == (
+        "url: Value error, http://user:***@host:8000: a backend URL's user info is not sent to the server; "
+        "give the gateway's credentials with --backend-api-key (vLLM's --api-key)"
+    )
+    assert "S3CRET" not in response.text
+    assert (await gw.client.get("/admin/state")).json()["backends"] == before["backends"]

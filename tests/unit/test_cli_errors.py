@@ -119,6 +119,70 @@ def test_a_refused_database_port_is_one_line_without_the_password(
         )
 
 
+def test_a_database_url_that_does_not_parse_is_one_line_without_the_password(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+):
+    url = "postgresql://user:S3CRET@db:54x2/gw"
+    why = f"'postgresql://user:***@db:54x2/gw' is not a database URL; {ACCEPTED}"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(f"db: {url}\n")
+
+    assert stopped(gateway, ["serve", "--db", url], capsys) == (2, f"gateway serve: error: --db: {why}\n")
+    assert stopped(gateway, ["serve", "--config", str(config)], capsys) == (
+        2,
+        f"gateway serve: error: {config}: db: {why}\n",
+    )
+    assert stopped(gateway, ["db", "upgrade", "--db", url], capsys) == (
+        2,
+        f"gateway db upgrade: error: --db: {why}\n",
+    )
+    assert stopped(trainer_client, ["stats", "--config", str(config)], capsys) == (
+        2,
+        f"trainer-client stats: error: {config}: db: {why}\n",
+    )
+
+
+@pytest.mark.parametrize("key", [[], ["--backend-api-key", "k"]], ids=["alone", "with --backend-api-key"])
+def test_a_backend_url_with_user_info_is_one_line_without_the_password(
+    key: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    url = "http://user:S3CRET@127.0.0.1:9"
+    why = (
+        "http://user:***@127.0.0.1:9: a backend URL's user info is not sent to the server; "
+        "give the gateway's credentials with --backend-api-key (vLLM's --api-key)"
+    )
+    config = tmp_path / "gateway.yaml"
+    config.write_text(f"backend: [{url}]\n")
+    serve = ["serve", "--db", f"sqlite:///{tmp_path}/gateway.db", "--port", "0", *key]
+
+    assert stopped(gateway, [*serve, "--backend", url], capsys) == (
+        2,
+        f"gateway serve: error: --backend: {why}\n",
+    )
+    assert stopped(gateway, [*serve, "--config", str(config)], capsys) == (
+        2,
+        f"gateway serve: error: {config}: backend: {why}\n",
+    )
+    monkeypatch.setenv("GATEWAY_BACKEND", f"http://127.0.0.1:8,{url}")
+    assert stopped(gateway, serve, capsys) == (2, f"gateway serve: error: GATEWAY_BACKEND: {why}\n")
+    assert list(tmp_path.iterdir()) == [config]  # refused before the store is made
+
+
+def test_an_unreachable_teacher_is_one_line_without_the_password(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, closed_port: int
+):
+    store = f"sqlite:///{tmp_path}/gateway.db"
+    ensure_schema(store)
+    teacher = f"http://user:S3CRET@127.0.0.1:{closed_port}"
+    score = ["score", "--db", store, "--teacher", teacher, "--model", "teacher"]
+
+    assert failed(trainer_client, score, capsys) == (
+        1,
+        f"trainer-client score: error: http://user:***@127.0.0.1:{closed_port}/v1/models: "
+        "ConnectError('[Errno 111] Connection refused')\n",
+    )
+
+
 def test_a_postgresql_url_without_the_postgres_extra_names_the_extra(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ):
