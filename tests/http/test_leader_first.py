@@ -195,8 +195,8 @@ async def test_a_group_whose_server_never_answers_fails_within_one_backend_timeo
     ] * 3
     assert seen[0] == COPY  # the copy, given up at its bound: then each call, within what is left
     assert sorted(seen[1:]) == [b'{"call":0}', b'{"call":1}', b'{"call":2}']
-    # One timeout and some (the copy's bound is spent within it); waiting for the copy, then for the reply, took
-    # two (8 s) before: the margin is a loaded machine's.
+    # One timeout and some (the copy's bound is spent within it); waiting for the copy, then for the reply,
+    # took two (8 s) before: the margin is a loaded machine's.
     assert took < 6
 
 
@@ -216,8 +216,8 @@ async def test_a_copy_left_unanswered_holds_its_group_only_for_its_own_short_bou
 
     assert bodies == [b"{}"] * 3
     assert seen[0] == COPY
-    # The copy's bound is a tenth of the timeout (0.6 s); it held its group the whole timeout (6 s) before: half
-    # of it leaves a loaded machine its margin.
+    # The copy's bound is a tenth of the timeout (0.6 s); it held its group the whole timeout (6 s) before:
+    # half of it leaves a loaded machine its margin.
     assert took < 3
 
 
