@@ -15,8 +15,8 @@ class PauseRequest(RequestModel):
     """wait: let calls in flight finish; abort: have vLLM abort them (they are recorded, finish_reason abort);
     keep: freeze them inside vLLM until resume (they then span the weight update). With abort and keep, calls
     that reach vLLM after it paused are queued there and run after resume."""
-    timeout: Annotated[float, Field(gt=0)] = 600.0
-    """Seconds to wait for calls in flight to finish (wait)."""
+    timeout: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 600.0
+    """Seconds to wait for calls in flight to finish (wait); a finite number, so that a pause ends."""
     clear_cache: Annotated[bool, Field(strict=True)] | None = None
     """Whether the servers drop their KV and prefix caches as they pause (vLLM's `clear_cache`): the calls
     after the update compute their prompts again with the new weights, and in keep mode the calls in flight

@@ -79,3 +79,14 @@ async def test_a_turn_that_spans_a_weight_update_records_whether_the_caches_were
         not clear_cache,
     )
     assert (after["policy_version"], after["policy_version_end"], after["cache_kept"]) == ("1", "1", None)
+
+
+@pytest.mark.parametrize("timeout", [b"Infinity", b"NaN", b"1e999"])
+async def test_a_pause_timeout_that_is_not_a_finite_number_is_a_422_and_pauses_nothing(gw, timeout):
+    answer = await gw.client.post(
+        "/admin/pause", content=b'{"timeout": %s}' % timeout, headers={"content-type": "application/json"}
+    )
+
+    support.assert_openai_error(answer, 422, "invalid_request")
+    assert answer.json()["error"]["param"] == "timeout"
+    assert ((await gw.client.get("/admin/state")).json()["paused"], pauses(gw)) == (False, [])
