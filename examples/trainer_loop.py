@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
+from time import monotonic, sleep
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -38,13 +38,13 @@ def claim(client: TrainerClient, args: argparse.Namespace, step: int, version: i
     options = SampleOptions(
         current_version=version, max_staleness=args.max_staleness, max_groups=args.groups_per_step
     )
-    started = said = time.monotonic()
+    started = said = monotonic()
     while True:
         batch = client.claim(args.trainer_id, step, options, lease=args.lease)
         if batch.samples:
             return batch
-        if (step == 0 and said == started) or time.monotonic() - said >= SAY_WAITING:
-            said = time.monotonic()
+        if (step == 0 and said == started) or monotonic() - said >= SAY_WAITING:
+            said = monotonic()
             print(
                 f"step {step}: waiting for a finished group in {args.db} ({said - started:.0f} s so far); "
                 "groups come from an environment running rollouts through the gateway "
@@ -52,7 +52,7 @@ def claim(client: TrainerClient, args: argparse.Namespace, step: int, version: i
                 file=sys.stderr,
                 flush=True,
             )
-        time.sleep(POLL)
+        sleep(POLL)
 
 
 def train_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: Batch) -> dict[str, float]:

