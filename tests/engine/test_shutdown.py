@@ -91,11 +91,11 @@ def engine(vllm: Any, path: str, **kwargs: Any) -> None:
 
 
 def refused(gateway: GatewayProcess) -> bool:
-    """Whether a new connection to the gateway is refused (its port closed), or closed unanswered (it was
-    accepted into the listening socket's backlog just as the port closed)."""
+    """Whether a new connection to the gateway is refused (its port closed), or closed or reset unanswered (it
+    was accepted into the listening socket's backlog just as the port closed)."""
     try:
         httpx.get(gateway.url + "/healthz", timeout=TIMEOUT)
-    except (httpx.ConnectError, httpx.RemoteProtocolError):
+    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
         return True
     return False
 
