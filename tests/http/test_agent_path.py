@@ -12,7 +12,7 @@ from gateway.fleet.replies import BackendFailure
 from gateway.settings import Settings
 from gateway.store.store import Store
 
-from support.fake_engine import URL, FakeEngine, FakeReply, chat_reply, chat_stream, error_reply
+from support.fake_engine import URL, FakeReply, Scripted, chat_reply, chat_stream, error_reply
 
 pytestmark = pytest.mark.anyio
 
@@ -337,7 +337,7 @@ async def test_while_the_gateway_runs_the_youngest_objects_are_collected_by_ten_
     path = tmp_path / "gateway.db"
     shutil.copy(empty_store, path)
     store = Store(f"sqlite:///{path}")
-    app = create_app(Settings(db=f"sqlite:///{path}", backend=[URL]), store=store, backends=FakeEngine())
+    app = create_app(Settings(db=f"sqlite:///{path}", backend=[URL]), store=store, engine=Scripted())
     try:
         async with app.router.lifespan_context(app):
             assert gc.get_threshold() == (10_000, 10, 10)
