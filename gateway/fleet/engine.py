@@ -164,7 +164,7 @@ class EngineClient:
     # -- calls ----------------------------------------------------------------------------------------------
 
     async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
-        """The rollout's server (`Placement.route`). When no server takes it, the ejected ones are checked at
+        """The rollout's server (`Fleet.route`). When no server takes it, the ejected ones are checked at
         once (`revive`) before the call is refused."""
         try:
             return await self.fleet.route(rollout_id, model)

@@ -32,6 +32,19 @@ async def test_a_whole_reply_is_recorded_with_the_engines_ids_and_logprobs(gw):
     assert turn["finish_reason"] == "stop"
 
 
+async def test_an_agent_call_goes_to_the_server_its_rollout_is_pinned_to_by_the_fleet(gw):
+    gw.engine.answer("/v1/chat/completions", chat_reply([1], [2], "ok"))
+    await gw.client.post("/admin/backends/drain", json={"url": URL})
+    refused = await gw.chat("r-drained")  # a draining server takes no new rollout: placement said so
+    await gw.client.post("/admin/backends", json={"url": URL})
+
+    assert (await gw.chat("r1")).status_code == 200
+
+    assert refused.status_code == 503
+    state = (await gw.client.get("/admin/state")).json()
+    assert [(b["url"], b["pinned"]) for b in state["backends"]] == [(URL, 1)]
+
+
 async def test_the_engine_is_asked_for_ids_and_logprobs_the_agent_did_not_ask_for(gw):
     gw.engine.answer("/v1/chat/completions", chat_reply([1], [5], "x"))
 
