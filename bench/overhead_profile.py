@@ -44,7 +44,7 @@ COMPONENTS = [  # (component, path fragments of the sampled leaf frame), the fir
     ),
     (
         "backend client (aiohttp)",
-        ["aiohttp/", "gateway/fleet/pool", "gateway/turns/upstream", "multidict/", "yarl/"],
+        ["aiohttp/", "gateway/fleet/engine", "gateway/turns/upstream", "multidict/", "yarl/"],
     ),
     ("HTTP server (uvicorn)", ["uvicorn/"]),
     ("framework (starlette, fastapi)", ["starlette/", "fastapi/", "contextlib"]),

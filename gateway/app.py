@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -25,15 +25,15 @@ from gateway.encoding import JsonResponse
 from gateway.errors import install_error_handlers
 from gateway.fleet.collector import KvEventsCollector, LeaderCollector, LoadCollector
 from gateway.fleet.discovery import BackendFile
-from gateway.fleet.kv_events import KvEvents
-from gateway.fleet.pool import BackendPool
+from gateway.fleet.engine import Engine, EngineClient, turn_client
+from gateway.fleet.fleet import Fleet
 from gateway.metrics import Metrics
 from gateway.openai.protocol import ChatCompletionTokensRequest, CompletionRequest, TokenRouteRequest
 from gateway.openai.router import router as openai_router
 from gateway.openai.router import tokens_router
 from gateway.openapi import install_docs, install_openapi
+from gateway.replicas import publish
 from gateway.replicas.expiry import expiring
-from gateway.replicas.publish import publish
 from gateway.replicas.replica import Replica
 from gateway.responses.protocol import ResponsesRequest
 from gateway.responses.router import router as responses_router
@@ -55,31 +55,24 @@ from gateway.ui.token_texts import TokenTexts
 log = logging.getLogger(__name__)
 
 
-def create_app(
-    settings: Settings,
-    *,
-    store: Store | None = None,
-    backends: BackendPool | None = None,
-) -> FastAPI:
-    """The gateway's app. It builds its store and backends from `settings` at start-up unless given them
-    (then it leaves them open at shutdown: whoever made them closes them). On PostgreSQL it is one process of
-    a gateway that may have many, on this host and others (`gateway.replicas.replica`)."""
+Scripted = Callable[[Fleet], Engine]
+"""A stand-in for the engine client on the app's fleet (the in-process tests' scripted engine)."""
+
+
+def create_app(settings: Settings, *, store: Store | None = None, engine: Scripted | None = None) -> FastAPI:
+    """The gateway's app. It builds its store from `settings` at start-up unless given one (then it leaves it
+    open at shutdown: whoever made it closes it), and its fleet and engine client, or the `engine` given on
+    its fleet (then no health checks run). On PostgreSQL it is one process of a gateway that may have many,
+    on this host and others (`gateway.replicas.replica`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        own_store, own_backends = store is None, backends is None
+        own_store = store is None
         if store is None:
             ensure_schema(settings.db)
-        parts = wire(app, settings, store or Store(settings.db), backends or backend_pool(settings))
-        if own_backends:
-            placement = parts.backends.placement
-            placement.pin_store = parts.store.pin
-            placement.by_group = settings.placement == Placement.GROUP
-            placement.placed = lambda reason: parts.metrics.placements.labels(reason=reason).inc()
-            if settings.kv_events:
-                parts.backends.follow_events(KvEvents(parts.backends.prefixes, settings.kv_events))
-        for url in parts.backends.urls:
-            capable = await parts.backends.probe_scale_out(url)
+        parts = wire(app, settings, store or Store(settings.db), engine)
+        for url in parts.fleet.urls:
+            capable = await parts.engine.probe_scale_out(url)
             if capable is None:
                 log.warning(
                     "backend %s does not answer: the gateway starts without it; calls go to the other "
@@ -96,15 +89,18 @@ def create_app(
             "gateway %s: store %s, backends %s",
             __version__,
             display_url(settings.db),
-            ", ".join(parts.backends.urls),
+            ", ".join(parts.fleet.urls),
         )
         warn_if_exposed(settings)
         await parts.local_render.build(settings.local_render)
         listing = BackendFile(settings.backend_file) if settings.backend_file else None
-        publish(parts.replica, parts.backends, listing, settings.health_interval, watch=own_backends)
+        if engine is None:
+            parts.replica.keep(
+                publish.checked(parts.replica, parts.fleet, parts.engine, listing, settings.health_interval)
+            )
         if settings.rollout_idle_timeout:
             parts.replica.keep(
-                expiring(parts.replica, parts.store, parts.backends, settings.rollout_idle_timeout)
+                expiring(parts.replica, parts.store, parts.fleet, settings.rollout_idle_timeout)
             )
         await parts.replica.start()
         # What start-up built (modules, routes, models, pools) lives as long as the app: kept out of the
@@ -126,8 +122,8 @@ def create_app(
             gc.unfreeze()
             gc.set_threshold(*thresholds)
             await parts.replica.close()
-            if own_backends:
-                await parts.backends.close()
+            await parts.engine.close()
+            await parts.fleet.close()
             if own_store:
                 parts.store.close()
             if parts.spans is not None:  # the last turns' spans: sending them can take the exporter's timeout
@@ -170,24 +166,13 @@ def create_app(
     return app
 
 
-def backend_pool(settings: Settings) -> BackendPool:
-    urls = BackendFile(settings.backend_file).read() if settings.backend_file else settings.backend
-    return BackendPool(
-        urls,
-        timeout=settings.backend_timeout,
-        connect_timeout=settings.connect_timeout,
-        max_connections=settings.max_connections,
-        max_queued=settings.max_queued,
-        api_key=settings.backend_api_key.get_secret_value() if settings.backend_api_key else None,
-    )
-
-
 @dataclass(frozen=True)
 class Started:
     """What the app's start and shutdown handle; the routers hold only their own contexts."""
 
     store: Store
-    backends: BackendPool
+    fleet: Fleet
+    engine: Engine
     replica: Replica
     local_render: LocalRenders
     metrics: Metrics
@@ -196,23 +181,50 @@ class Started:
     spans: TurnSpans | None = None
 
 
-def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) -> Started:
-    """Build the gateway's parts and hand each API the ones it uses (`app.state`, read by the routers'
-    dependencies)."""
+def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | None = None) -> Started:
+    """Build the gateway's parts, each with what it depends on, and hand each API the ones it uses
+    (`app.state`, read by the routers' dependencies)."""
     metrics, traffic = Metrics(lambda: store.commits), Traffic(settings.pause_timeout)
-    metrics.registry.register(LoadCollector(lambda: list(backends.servers.values())))
-    metrics.registry.register(LeaderCollector(backends.leaders))
-    metrics.registry.register(KvEventsCollector(lambda: backends.events))
-    metrics.queued.set_function(lambda: backends.queued)
-    backends.waited = metrics.stage["queue"].observe
+    api_key = settings.backend_api_key.get_secret_value() if settings.backend_api_key else None
+    calls = turn_client(
+        timeout=settings.backend_timeout, connect_timeout=settings.connect_timeout, api_key=api_key
+    )
+    fleet = Fleet(
+        BackendFile(settings.backend_file).read() if settings.backend_file else settings.backend,
+        max_connections=settings.max_connections,
+        left=calls.forget,
+        pins=store.pin if scripted is None else None,  # a scripted engine's pins stay in this process
+        by_group=settings.placement == Placement.GROUP,
+        placed=lambda reason: metrics.placements.labels(reason=reason).inc(),
+        kv_events=settings.kv_events,
+    )
+    metrics.registry.register(LoadCollector(lambda: list(fleet.servers.values())))
+    metrics.registry.register(LeaderCollector(fleet.leaders))
+    metrics.registry.register(KvEventsCollector(lambda: fleet.events))
     spans = TurnSpans(settings.otlp_endpoint) if settings.otlp_endpoint else None
-    recorder = Recorder(store, metrics, settings.policy_version, spans, backends.prefixes)
-    replica = Replica(settings, store, backends, traffic, recorder, metrics)
+    recorder = Recorder(store, metrics, settings.policy_version, spans, fleet.prefixes)
+    replica = Replica(settings, store, fleet, traffic, recorder, metrics)
+    engine = (
+        scripted(fleet)
+        if scripted is not None
+        else EngineClient(
+            fleet,
+            calls,
+            timeout=settings.backend_timeout,
+            connect_timeout=settings.connect_timeout,
+            max_queued=settings.max_queued,
+            api_key=api_key,
+            waited=metrics.stage["queue"].observe,
+            ejected=lambda server: replica.keep(publish.ejected(replica, server)),
+            revived=lambda seen: replica.keep(publish.found(replica, seen)),
+        )
+    )
+    metrics.queued.set_function(lambda: engine.queued)
     local_render, lifecycle = LocalRenders(), Lifecycle()
     app.state.tokens = Tokens(settings.control_token, settings.admin_token)
     app.state.turns = TurnContext(
         recorder=recorder,
-        backends=backends,
+        engine=engine,
         traffic=traffic,
         mode=settings.mode,
         limits=Limits(settings.max_turns, settings.max_context_tokens),
@@ -225,7 +237,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
     )
     app.state.control = ControlContext(
         store,
-        backends,
+        fleet,
         recorder,
         replica,
         settings.mode,
@@ -233,9 +245,9 @@ def wire(app: FastAPI, settings: Settings, store: Store, backends: BackendPool) 
         settings.public_url,
         lifecycle,
     )
-    app.state.admin = AdminContext(replica, backends, recorder, settings.pause_clear_cache)
-    app.state.viewer = ViewerContext(store, TokenTexts(backends))
-    return Started(store, backends, replica, local_render, metrics, traffic, lifecycle, spans)
+    app.state.admin = AdminContext(replica, fleet, engine, recorder, settings.pause_clear_cache)
+    app.state.viewer = ViewerContext(store, TokenTexts(engine))
+    return Started(store, fleet, engine, replica, local_render, metrics, traffic, lifecycle, spans)
 
 
 _DRAIN_POLL = 0.05

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from gateway.fleet.pool import BackendPool
+from gateway.fleet.engine import Engine
+from gateway.fleet.fleet import Fleet
 from gateway.replicas.replica import Replica
 from gateway.turns.recording import Recorder
 
@@ -15,7 +16,8 @@ from gateway.turns.recording import Recorder
 class AdminContext:
     replica: Replica
     """This process, through which a change reaches every process of the gateway."""
-    backends: BackendPool
+    fleet: Fleet
+    engine: Engine
     recorder: Recorder
     clear_cache: bool
     """Whether a pause that does not say drops the servers' caches (--pause-clear-cache)."""

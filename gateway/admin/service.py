@@ -46,8 +46,8 @@ async def admin_state(admin: AdminContext) -> AdminState:
         waiting=sum(row.waiting for row in alive),
         policy_version=admin.recorder.policy_version,
         backends=[
-            _backend_view(server, alive, admin.backends.prefixes, admin.backends.events)
-            for server in admin.backends.servers.values()
+            _backend_view(server, alive, admin.fleet.prefixes, admin.fleet.events)
+            for server in admin.fleet.servers.values()
         ],
         workers=[_worker_view(row, timeout) for row in rows],
     )
@@ -109,7 +109,7 @@ async def pause(admin: AdminContext, mode: PauseMode, timeout: float, clear_cach
     # afterwards: calls still on their way when it paused run after resume, with the new weights.
     # Said every time: vLLM 0.32 clears by default in every mode, keep included (preempting every request in
     # flight to prefill it again), though its own documentation says keep ignores the flag.
-    await admin.backends.call_all("/pause", params={"mode": mode, "clear_cache": str(clear_cache).lower()})
+    await admin.engine.call_all("/pause", params={"mode": mode, "clear_cache": str(clear_cache).lower()})
     if mode == "abort":  # let the aborted turns be recorded before a new version can be set
         await settled(admin, ABORT_QUIET, timeout, ABORT_FIRST)
     log.info("paused (%s)", mode)
@@ -144,7 +144,7 @@ async def settled(admin: AdminContext, quiet: float, timeout: float, first: floa
 
 
 async def resume(admin: AdminContext) -> AdminState:
-    await admin.backends.call_all("/resume")
+    await admin.engine.call_all("/resume")
     await admin.replica.change(_opened)
     log.info("resumed at policy version %s", admin.recorder.policy_version)
     return await admin_state(admin)
@@ -163,7 +163,7 @@ async def set_policy_version(admin: AdminContext, version: str) -> AdminState:
                 entry.healthy = False
 
     try:
-        await admin.backends.call_all(WEIGHT_VERSION, json={"new_version": version}, done=_into(took))
+        await admin.engine.call_all(WEIGHT_VERSION, json={"new_version": version}, done=_into(took))
     finally:  # also after a failure half way: the servers that took it hold it
         await admin.replica.change(versioned)
     log.info("policy version is now %s", version)
@@ -184,7 +184,7 @@ async def reload_weights(admin: AdminContext) -> AdminState:
                 entry.healthy = False
 
     try:
-        await admin.backends.call_all(RELOAD, json=RELOAD_BODY, done=_into(took))
+        await admin.engine.call_all(RELOAD, json=RELOAD_BODY, done=_into(took))
     finally:
         await admin.replica.change(reloaded)
     log.info("backends reloaded their weights")
@@ -207,7 +207,7 @@ async def add_backend(admin: AdminContext, url: str) -> AdminState:
             entry.draining = False
 
     await admin.replica.change(added)
-    await publish.found(admin.replica, await admin.backends.check(admin.backends.servers[url]))
+    await publish.found(admin.replica, await admin.engine.check(admin.fleet.servers[url]))
     return await admin_state(admin)
 
 
@@ -218,7 +218,7 @@ async def drain_backend(admin: AdminContext, url: str) -> AdminState:
         _known(state, url).draining = True
 
     await _change_servers(admin, drained)
-    server = admin.backends.servers.get(url.rstrip("/"))
+    server = admin.fleet.servers.get(url.rstrip("/"))
     if server is not None:
         log.info("backend %s draining: %d rollouts pinned", server.url, server.pinned)
     return await admin_state(admin)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from gateway.fleet.pool import BackendPool
+from gateway.fleet.fleet import Fleet
 from gateway.replicas.replica import Replica
 from gateway.store.status import Mode
 from gateway.store.store import Store
@@ -24,7 +24,7 @@ class Lifecycle:
 @dataclass(frozen=True)
 class ControlContext:
     store: Store
-    backends: BackendPool
+    fleet: Fleet
     recorder: Recorder
     replica: Replica
     mode: Mode

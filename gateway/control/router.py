@@ -114,7 +114,7 @@ async def finish_rollout(
     body = body or FinishRequest()
     reward = Reward(body.reward, body.components) if body.reward is not None else None
     row = await control.store.finish_rollout(rollout_id, body.status, reward)
-    control.backends.forget(rollout_id)
+    control.fleet.forget(rollout_id)
     return RolloutFinished(**{name: row[name] for name in RolloutFinished.model_fields})
 
 
@@ -146,7 +146,7 @@ async def healthz(control: ControlContext = Depends(control_context)) -> Health:
         status="ok",
         version=__version__,
         policy_version=control.recorder.policy_version,
-        backends=control.backends.urls,
+        backends=control.fleet.urls,
     )
 
 
@@ -167,7 +167,7 @@ async def readyz(response: Response, control: ControlContext = Depends(control_c
     return Readiness(
         ready=not reasons,
         reasons=reasons,
-        backends=backends_health(list(control.backends.servers.values())),
+        backends=backends_health(list(control.fleet.servers.values())),
         policy_version=control.recorder.policy_version,
         version=__version__,
     )

@@ -1,4 +1,4 @@
-"""The fleet's servers as Prometheus series, read when scraped: the pool keeps the counts, so routing pays
+"""The fleet's servers as Prometheus series, read when scraped: the fleet keeps the counts, so routing pays
 nothing for them.
 
 Two kinds: each process's own load on each server (its calls, errors and latency there), which a host's

@@ -6,7 +6,7 @@ A check asks /health, then (when it passes) the served models and the prefix-cac
 gateway's weights: a server coming back is first given the reloads and version it missed. Checks that only
 time out do not eject the last healthy server of a model: a server slow to answer under load is busy, and
 without it the model's every call would fail. A call that no healthy server takes has the ejected servers
-checked at once, by whichever process it reached (`BackendPool.revive`), rather than waiting for the next
+checked at once, by whichever process it reached (`EngineClient.revive`), rather than waiting for the next
 round.
 """
 
@@ -27,7 +27,7 @@ _CHECK_SECONDS = 5.0
 _CHECK_TIMEOUT = aiohttp.ClientTimeout(total=_CHECK_SECONDS)
 
 Call = Callable[[str, object], Awaitable[str | None]]
-"""POST (url, body) to a server: what went wrong, or None (`BackendPool.call_one`)."""
+"""POST (url, body) to a server: what went wrong, or None (`EngineClient.call_one`)."""
 
 
 @dataclass

@@ -5,7 +5,7 @@ Not aiohttp here, where every streamed token passes: vLLM writes each token as i
 aiohttp's stream reader runs several Python methods per chunk (begin, feed, end, then a read of each).
 httptools' parser (C, the one uvicorn serves with) strips the chunk framing and appends each chunk's bytes to
 a list with no Python frame between them: the relay pays per network read, not per token. The fleet's few
-other calls (health checks, pause, weights) stay on aiohttp (`pool.py`).
+other calls (health checks, pause, weights) stay on aiohttp (`engine.py`).
 """
 
 from __future__ import annotations
@@ -355,8 +355,8 @@ class _Target:
 
 class Http1Client:
     """Kept-alive connections to each server (the most recently used first: the least likely to have been
-    closed by the server). How many calls a server takes at once is the pool's to bound (`BackendPool`); a
-    stream let go at its [DONE] keeps its connection the moment its end takes to arrive."""
+    closed by the server). How many calls a server takes at once is `EngineClient`'s to bound; a stream let
+    go at its [DONE] keeps its connection the moment its end takes to arrive."""
 
     def __init__(
         self, *, connect_timeout: float, read_timeout: float, keepalive: float, authorization: str | None

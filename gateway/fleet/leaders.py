@@ -10,7 +10,7 @@ copy costs one decoded token and a round trip to the first member; the group sav
 other member. Each gateway process leads its own calls: siblings that reach a server through two replicas
 compute the prompt at most twice.
 
-The copy is bounded by a share of the backend timeout (`BackendPool`), and each call's wait for it counts
+The copy is bounded by a share of the backend timeout (`EngineClient`), and each call's wait for it counts
 against the call's own timeout: the group's calls fail within one timeout, whatever the copy meets. The calls
 waiting for a copy are queued calls (`--max-queued`), as those waiting for a connection are.
 """

@@ -22,20 +22,30 @@ PinStore = Callable[[str, Pick, Collection[str]], Awaitable[Pin]]
 """(rollout id, the choice of a server by the store's counts, servers that can keep a rollout) -> its pin:
 the store's compare-and-set of pins (`Store.pin`)."""
 
+Placed = Callable[[Reason], None]
+"""Told why each rollout this process pinned went where it did (the app counts them)."""
+
 _PINS_KEPT = 100_000
 """Pins remembered in memory (the store holds them all)."""
 
 
 class Placement:
-    def __init__(self, servers: dict[str, Server], prefixes: PrefixIndex) -> None:
+    def __init__(
+        self,
+        servers: dict[str, Server],
+        prefixes: PrefixIndex,
+        pin_store: PinStore | None,
+        *,
+        by_group: bool = True,
+        placed: Placed = lambda _reason: None,
+    ) -> None:
         self.servers = servers
         self.prefixes = prefixes
-        self.pin_store: PinStore | None = None
-        """Set by the app to share pins through the store; without it pins live in this process only."""
-        self.by_group = True
+        self.pin_store = pin_store
+        """Shares pins through the store; without it pins live in this process only."""
+        self.by_group = by_group
         """Whether a rollout joins its group's server (else every rollout is placed by load alone)."""
-        self.placed: Callable[[Reason], None] = lambda reason: None
-        """Told why each rollout this process pinned went where it did (the app counts them)."""
+        self.placed = placed
         self._pins: OrderedDict[str, tuple[str, bool]] = OrderedDict()
         """Rollout -> (its server, whether this process placed it there: those it adds to `pinned` until a
         heartbeat brings the store's count, `gateway.replicas.replica`)."""

@@ -48,14 +48,14 @@ class Server:
     prefix_cache_hit_rate: float | None = None
     """From the server's own /metrics: prefix-cache hits over queries, since it started."""
     reloads: int = 0
-    """The fleet's weight reloads it has done (`BackendPool.reloads` when current)."""
+    """The fleet's weight reloads it has done (`Fleet.weights` when current)."""
     weight_version: str | None = None
     """The weight version it was given (None: never)."""
     scale_out: bool | None = None
     """Whether it serves vLLM's token-in/token-out endpoints (exact mode), once known."""
     added_at: float = field(default=0.0)
     connections: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1024), repr=False)
-    """Calls that may hold a connection to it at once (`BackendPool` sets its own limit)."""
+    """Calls that may hold a connection to it at once (`Fleet` sets its own limit)."""
 
     def serves(self, model: str | None) -> bool:
         """Unknown models (or none yet listed) go anywhere: the server's own answer is the agent's."""

@@ -113,7 +113,7 @@ async def _token_route(rollout_id: str, request: Request, ctx: TurnContext, path
     await admit(ctx, request, rollout_id)
     call = await read_call(request, ctx.max_body_bytes, time.perf_counter(), TokenRouteRequest)
     try:
-        routed = await ctx.backends.send(rollout_id, path, dumps(call.body), call.body.get("model"))
+        routed = await ctx.engine.send(rollout_id, path, dumps(call.body), call.body.get("model"))
     except BackendFailure as exc:
         raise backend_failure(exc) from None
     try:
@@ -143,7 +143,7 @@ async def models(rollout_id: str, request: Request, ctx: TurnContext = Depends(t
     """The backends' models (as vLLM lists them)."""
     check_rollout_id(rollout_id)
     await admit(ctx, request, rollout_id)
-    status, content = await ctx.backends.get("/v1/models")
+    status, content = await ctx.engine.get("/v1/models")
     if status != 200:
         raise ApiError(502, f"backend answered HTTP {status} to GET /v1/models", "backend_error")
     return Response(content, media_type="application/json")

@@ -3,7 +3,7 @@ weights and servers with their health)."""
 
 from __future__ import annotations
 
-from gateway.fleet.pool import BackendPool
+from gateway.fleet.fleet import Fleet
 from gateway.fleet.servers import Server
 from gateway.fleet.weight_versions import FleetWeights
 from gateway.store.run_state import RunState, ServerEntry
@@ -11,16 +11,16 @@ from gateway.turns.recording import Recorder
 from gateway.turns.traffic import Traffic
 
 
-def held_by(backends: BackendPool, traffic: Traffic, recorder: Recorder, epoch: int = 0) -> RunState:
+def held_by(fleet: Fleet, traffic: Traffic, recorder: Recorder, epoch: int = 0) -> RunState:
     """The run state as this process holds it."""
     return RunState(
         epoch=epoch,
         policy_version=recorder.policy_version,
         paused=traffic.paused,
         cache_kept=recorder.cache_kept,
-        reloads=backends.weights.reloads,
-        weight_version=backends.weights.version,
-        servers=[_entry(server) for server in backends.servers.values()],
+        reloads=fleet.weights.reloads,
+        weight_version=fleet.weights.version,
+        servers=[_entry(server) for server in fleet.servers.values()],
     )
 
 
@@ -36,7 +36,7 @@ def _entry(server: Server) -> ServerEntry:
     )
 
 
-def adopt(state: RunState, backends: BackendPool, traffic: Traffic, recorder: Recorder) -> None:
+def adopt(state: RunState, fleet: Fleet, traffic: Traffic, recorder: Recorder) -> None:
     """Hold `state`: its pause, policy version, weights and servers."""
     if state.paused:
         traffic.close()
@@ -44,12 +44,12 @@ def adopt(state: RunState, backends: BackendPool, traffic: Traffic, recorder: Re
         traffic.open()
     recorder.policy_version = state.policy_version
     recorder.cache_kept = state.cache_kept
-    backends.weights = FleetWeights(state.reloads, state.weight_version)
+    fleet.weights = FleetWeights(state.reloads, state.weight_version)
     for entry in state.servers:
-        server = backends.add(entry.url)
+        server = fleet.add(entry.url)
         server.draining, server.healthy = entry.draining, entry.healthy
         server.models, server.prefix_cache_hit_rate = frozenset(entry.models), entry.prefix_cache_hit_rate
         server.reloads, server.weight_version = entry.reloads, entry.weight_version
     wanted = {entry.url for entry in state.servers}
-    for url in [url for url in backends.servers if url not in wanted]:
-        backends.remove(url)
+    for url in [url for url in fleet.servers if url not in wanted]:
+        fleet.remove(url)

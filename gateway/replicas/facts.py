@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.fleet.collector import fleet_facts
-from gateway.fleet.pool import BackendPool
+from gateway.fleet.fleet import Fleet
 from gateway.store.backlog import Backlog
 from gateway.store.store import Store
 from gateway.turns.recording import Recorder
@@ -43,11 +43,11 @@ class RunFacts(Collector):
         self,
         leads: Callable[[], bool],
         store: Store,
-        backends: BackendPool,
+        fleet: Fleet,
         traffic: Traffic,
         recorder: Recorder,
     ) -> None:
-        self._leads, self._store, self._backends = leads, store, backends
+        self._leads, self._store, self._fleet = leads, store, fleet
         self._traffic, self._recorder = traffic, recorder
         self._backlog: Backlog | None = None
         self._read_at = -REFRESH
@@ -92,4 +92,4 @@ class RunFacts(Collector):
                 "trainers' backlog.",
                 value=self._backlog.unclaimed_groups,
             )
-        yield from fleet_facts(list(self._backends.servers.values()))
+        yield from fleet_facts(list(self._fleet.servers.values()))

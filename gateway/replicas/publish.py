@@ -1,6 +1,7 @@
 """What the leading process finds of the fleet becomes the run state: health checks each --health-interval,
 the servers a --backend-file lists, and (from any process) a server a call could not connect to or one a call
-that no server took found back (`BackendPool.revive`)."""
+that no server took found back (`EngineClient.revive`): `ejected` and `found` are the engine client's, as
+`gateway.app.wire` builds it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import asyncio
 import logging
 
 from gateway.fleet.discovery import BackendFile
+from gateway.fleet.engine import Engine
+from gateway.fleet.fleet import Fleet
 from gateway.fleet.health import Found
-from gateway.fleet.pool import BackendPool
 from gateway.fleet.servers import Server
 from gateway.replicas.replica import Replica
 from gateway.store.run_state import RunState, ServerEntry
@@ -17,19 +19,8 @@ from gateway.store.run_state import RunState, ServerEntry
 log = logging.getLogger(__name__)
 
 
-def publish(
-    replica: Replica, backends: BackendPool, listing: BackendFile | None, interval: float, *, watch: bool
-) -> None:
-    """Publish the servers a call could not connect to, those a call's check found back, and, with `watch`,
-    what the health checks find whenever this process leads."""
-    backends.ejected = lambda server: replica.keep(ejected(replica, server))
-    backends.revived = lambda seen: replica.keep(found(replica, seen))
-    if watch:
-        replica.keep(checked(replica, backends, listing, interval))
-
-
 async def checked(
-    replica: Replica, backends: BackendPool, listing: BackendFile | None, interval: float
+    replica: Replica, fleet: Fleet, engine: Engine, listing: BackendFile | None, interval: float
 ) -> None:
     """Each `interval` seconds, while this process leads: re-read the --backend-file, check every server,
     and publish what changed."""
@@ -38,8 +29,8 @@ async def checked(
             try:
                 if listing is not None:
                     await listed(replica, listing.changed())
-                servers = list(backends.servers.values())
-                await found(replica, *await asyncio.gather(*map(backends.check, servers)))
+                servers = list(fleet.servers.values())
+                await found(replica, *await asyncio.gather(*map(engine.check, servers)))
             except Exception as exc:  # the store or a server failed this round: the next one tries again
                 log.warning("health checks failed to publish: %r", exc)
         await asyncio.sleep(interval)

@@ -34,7 +34,7 @@ from prometheus_client import generate_latest
 from sqlalchemy.engine import make_url
 
 from gateway import logs
-from gateway.fleet.pool import BackendPool
+from gateway.fleet.fleet import Fleet
 from gateway.metrics import Metrics, exposition_with, samples
 from gateway.replicas.apply import adopt, held_by
 from gateway.replicas.facts import NAMES as FACTS
@@ -71,12 +71,12 @@ class Replica:
         self,
         settings: Settings,
         store: Store,
-        backends: BackendPool,
+        fleet: Fleet,
         traffic: Traffic,
         recorder: Recorder,
         metrics: Metrics,
     ) -> None:
-        self._store, self._backends, self._traffic = store, backends, traffic
+        self._store, self._fleet, self._traffic = store, fleet, traffic
         self._recorder, self._metrics = recorder, metrics
         self._db = settings.db
         self.shared = not is_sqlite(settings.db)
@@ -90,7 +90,7 @@ class Replica:
             "port": settings.port,
         }
         logs.name_replica(self.process_id)  # every log line of this process says which replica wrote it
-        self.held = held_by(backends, traffic, recorder)
+        self.held = held_by(fleet, traffic, recorder)
         self.leads = not self.shared
         """Whether this process checks the servers' health for the gateway (one process does)."""
         self._confirmed = -math.inf
@@ -102,7 +102,7 @@ class Replica:
         self._metrics_at = 0.0
         self._share_samples = settings.workers > 1
         """Whether its heartbeats carry its metrics, for its port's other workers to add up."""
-        self.facts = RunFacts(lambda: self.leads, store, backends, traffic, recorder)
+        self.facts = RunFacts(lambda: self.leads, store, fleet, traffic, recorder)
         metrics.registry.register(self.facts)
         self._beating = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -275,7 +275,7 @@ class Replica:
             if epoch > self.held.epoch:
                 self.take(await self._run(stored.read_run_state))
                 await self._run(stored_processes.beat, self.process_id, self._report())
-            for server in self._backends.servers.values():
+            for server in self._fleet.servers.values():
                 server.pinned = pinned.get(server.url, 0)
             self._confirmed = max(self._confirmed, began)
         await self.facts.refresh(REFRESH)  # the leader's heartbeats carry them to its port's other workers
@@ -316,7 +316,7 @@ class Replica:
         if state is None or state.epoch <= self.held.epoch:
             return
         self.held = state
-        adopt(state, self._backends, self._traffic, self._recorder)
+        adopt(state, self._fleet, self._traffic, self._recorder)
 
     def _report(self, *, metrics: bool = False) -> ProcessReport:
         send_metrics = (
@@ -332,7 +332,7 @@ class Replica:
             ended=traffic.ended,
             loads={  # a copy first: the heartbeat thread reads it while the loop may add a server
                 s.url: ServerLoad(in_flight=s.in_flight, requests=s.requests, errors=s.errors)
-                for s in list(self._backends.servers.values())
+                for s in list(self._fleet.servers.values())
             },
             metrics=samples(self._metrics.registry) if send_metrics else None,
         )

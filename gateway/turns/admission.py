@@ -94,7 +94,7 @@ async def prompt_tokens(ctx: TurnContext, capture: TurnCapture, body: dict[str, 
     else:
         request = {key: body[key] for key in _RENDER_KEYS if key in body}
         request.setdefault("add_generation_prompt", True)
-    tokens = (await post_json(ctx.backends, capture, request, "/tokenize")).get("tokens")
+    tokens = (await post_json(ctx.engine, capture, request, "/tokenize")).get("tokens")
     if not isinstance(tokens, list):
         raise ApiError(502, "backend's /tokenize answered without tokens", "backend_error")
     capture.prompt_ids = tokens

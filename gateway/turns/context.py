@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import Request
 
-from gateway.fleet.pool import BackendPool
+from gateway.fleet.engine import Engine
 from gateway.store.records import Limits
 from gateway.store.status import Mode
 from gateway.turns.local_render import LocalRenders
@@ -18,7 +18,7 @@ from gateway.turns.traffic import Traffic
 @dataclass(frozen=True)
 class TurnContext:
     recorder: Recorder
-    backends: BackendPool
+    engine: Engine
     traffic: Traffic
     mode: Mode
     """The gateway's --mode; a rollout can choose its own."""

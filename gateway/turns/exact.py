@@ -63,7 +63,7 @@ async def _render(ctx: TurnContext, capture: ChatCapture, body: dict[str, Any]) 
     backend."""
 
     async def backend_render() -> list[int]:
-        rendered = await post_json(ctx.backends, capture, body, RENDER)
+        rendered = await post_json(ctx.engine, capture, body, RENDER)
         return list(rendered["token_ids"])
 
     return await ctx.local_render.render(capture.record.model, body, backend_render)

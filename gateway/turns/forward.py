@@ -138,7 +138,7 @@ async def _turn(
         mode == Mode.EXACT
         and given is None
         and isinstance(capture, ChatCapture)
-        and await ctx.backends.exact_capable(capture.record.rollout_id, capture.record.model)
+        and await _exact_capable(ctx, capture)
     )
     started = time.perf_counter()
     if exact:
@@ -160,10 +160,17 @@ async def _turn(
     ahead = ahead_of(capture, upstream) if leads else None
     sent = time.perf_counter()
     if call.stream:
-        reply = await send(ctx.backends, capture, upstream, ahead=ahead)
+        reply = await send(ctx.engine, capture, upstream, ahead=ahead)
         chunks = _chunks(ctx.recorder, capture, reply, asked, wire, sent)
         return RelayResponse(relay(ctx.recorder, capture, reply, chunks, wire), partial(_leave, ctx))
     return await _whole(ctx, capture, upstream, asked, wire, sent, ahead)
+
+
+async def _exact_capable(ctx: TurnContext, capture: ChatCapture) -> bool:
+    """Whether the server the rollout is pinned to serves exact mode; the rollout is pinned first (its turn
+    goes there next)."""
+    server, _ = await ctx.engine.route(capture.record.rollout_id, capture.record.model)
+    return await ctx.engine.exact_capable(server)
 
 
 def _leave(ctx: TurnContext) -> None:
@@ -180,7 +187,7 @@ async def _whole(
     sent: float,
     ahead: Ahead | None,
 ) -> Response:
-    reply = await send(ctx.backends, capture, upstream, ahead=ahead)
+    reply = await send(ctx.engine, capture, upstream, ahead=ahead)
     try:
         raw = await reply.body()
     except BackendStreamError as exc:

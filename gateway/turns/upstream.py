@@ -10,14 +10,14 @@ import orjson
 
 from gateway.encoding import dumps
 from gateway.errors import ApiError, backend_answer, backend_failure
+from gateway.fleet.engine import Engine
 from gateway.fleet.leaders import Ahead
-from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure, BackendReply, BackendStreamError
 from gateway.turns.capture import TurnCapture
 
 
 async def send(
-    backends: BackendPool,
+    engine: Engine,
     capture: TurnCapture,
     body: dict[str, Any],
     path: str | None = None,
@@ -27,9 +27,7 @@ async def send(
     a group's first call sends before it (`gateway.fleet.leaders`)."""
     record = capture.record
     try:
-        routed = await backends.send(
-            record.rollout_id, path or capture.path, dumps(body), record.model, ahead
-        )
+        routed = await engine.send(record.rollout_id, path or capture.path, dumps(body), record.model, ahead)
         record.backend, reply = routed.url, routed.reply
         record.repinned_from = record.repinned_from or routed.repinned_from
     except BackendFailure as exc:
@@ -54,11 +52,9 @@ async def read_json(reply: BackendReply, what: str = "a reply") -> Any:
         raise ApiError(502, f"backend sent {what} that is not JSON", "backend_error") from None
 
 
-async def post_json(
-    backends: BackendPool, capture: TurnCapture, body: dict[str, Any], path: str
-) -> dict[str, Any]:
+async def post_json(engine: Engine, capture: TurnCapture, body: dict[str, Any], path: str) -> dict[str, Any]:
     """A whole JSON exchange with the rollout's backend (render, generate, derender, tokenize)."""
-    answer = await read_json(await send(backends, capture, body, path), f"a reply to {path}")
+    answer = await read_json(await send(engine, capture, body, path), f"a reply to {path}")
     if not isinstance(answer, dict):
         raise ApiError(502, f"backend sent an unexpected reply to {path}", "backend_error")
     return answer

@@ -10,15 +10,15 @@ from collections.abc import Iterable
 
 import orjson
 
-from gateway.fleet.pool import BackendPool
+from gateway.fleet.engine import Engine
 from gateway.fleet.replies import BackendFailure
 
 _CONCURRENT = 16
 
 
 class TokenTexts:
-    def __init__(self, backends: BackendPool) -> None:
-        self._backends = backends
+    def __init__(self, engine: Engine) -> None:
+        self._backends = engine
         self._known: dict[str | None, dict[int, str]] = {}
 
     async def texts(self, model: str | None, ids: Iterable[int]) -> dict[int, str]:

@@ -18,7 +18,7 @@ from gateway.app import create_app
 from gateway.settings import Settings
 
 from support import TIMEOUT
-from support.fake_engine import URL, FakeEngine, chat_reply
+from support.fake_engine import URL, Scripted, chat_reply
 
 pytestmark = pytest.mark.engine  # each case starts a command line as a process (trainer-client loads torch)
 
@@ -68,8 +68,9 @@ def test_trainer_client_in_a_directory_without_a_store_says_so_and_creates_none(
 def store_with_groups(path: Path, groups: int) -> str:
     """A SQLite store with `groups` finished groups of two one-call rollouts, recorded by a gateway in
     process against a scripted engine."""
-    url, engine = f"sqlite:///{path}", FakeEngine()
-    with TestClient(create_app(Settings(db=url, backend=[URL]), backends=engine)) as gateway:
+    url, scripted = f"sqlite:///{path}", Scripted()
+    with TestClient(create_app(Settings(db=url, backend=[URL]), engine=scripted)) as gateway:
+        engine = scripted.engine
         for group in range(groups):
             for reward in (0.0, 1.0):
                 rollout_id = f"g{group}-{reward}"

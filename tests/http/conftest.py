@@ -18,7 +18,7 @@ from gateway.settings import Settings
 from gateway.store.database import ensure_schema
 from gateway.store.store import Store
 
-from support.fake_engine import URL, FakeEngine
+from support.fake_engine import URL, FakeEngine, Scripted
 from support.raw_http import Serve, raw_servers
 
 
@@ -74,15 +74,15 @@ async def start(tmp_path: Path, empty_store: Path) -> AsyncIterator[Callable[...
             path = tmp_path / f"gateway-{count}.db"
             shutil.copy(empty_store, path)
             url = f"sqlite:///{path}"
-            store, engine = Store(url), FakeEngine()
+            store, scripted = Store(url), Scripted()
             stack.callback(store.close)
-            app = create_app(Settings(db=url, backend=[URL], **settings), store=store, backends=engine)
+            app = create_app(Settings(db=url, backend=[URL], **settings), store=store, engine=scripted)
             await stack.enter_async_context(app.router.lifespan_context(app))
             transport = httpx.ASGITransport(app=app)
             client = await stack.enter_async_context(
                 httpx.AsyncClient(transport=transport, base_url="http://gateway")
             )
-            return InProcess(client, engine, app, url)
+            return InProcess(client, scripted.engine, app, url)
 
         yield started
 

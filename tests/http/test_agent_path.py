@@ -12,7 +12,7 @@ from gateway.fleet.replies import BackendFailure
 from gateway.settings import Settings
 from gateway.store.store import Store
 
-from support.fake_engine import URL, FakeEngine, FakeReply, chat_reply, chat_stream, error_reply
+from support.fake_engine import URL, FakeReply, Scripted, chat_reply, chat_stream, error_reply
 
 pytestmark = pytest.mark.anyio
 
@@ -30,6 +30,19 @@ async def test_a_whole_reply_is_recorded_with_the_engines_ids_and_logprobs(gw):
     assert turn["completion_logprobs"] == [-0.5, -1.0, -1.5]
     assert turn["content"] == "hey"
     assert turn["finish_reason"] == "stop"
+
+
+async def test_an_agent_call_goes_to_the_server_its_rollout_is_pinned_to_by_the_fleet(gw):
+    gw.engine.answer("/v1/chat/completions", chat_reply([1], [2], "ok"))
+    await gw.client.post("/admin/backends/drain", json={"url": URL})
+    refused = await gw.chat("r-drained")  # a draining server takes no new rollout: placement said so
+    await gw.client.post("/admin/backends", json={"url": URL})
+
+    assert (await gw.chat("r1")).status_code == 200
+
+    assert refused.status_code == 503
+    state = (await gw.client.get("/admin/state")).json()
+    assert [(b["url"], b["pinned"]) for b in state["backends"]] == [(URL, 1)]
 
 
 async def test_the_engine_is_asked_for_ids_and_logprobs_the_agent_did_not_ask_for(gw):
@@ -337,7 +350,7 @@ async def test_while_the_gateway_runs_the_youngest_objects_are_collected_by_ten_
     path = tmp_path / "gateway.db"
     shutil.copy(empty_store, path)
     store = Store(f"sqlite:///{path}")
-    app = create_app(Settings(db=f"sqlite:///{path}", backend=[URL]), store=store, backends=FakeEngine())
+    app = create_app(Settings(db=f"sqlite:///{path}", backend=[URL]), store=store, engine=Scripted())
     try:
         async with app.router.lifespan_context(app):
             assert gc.get_threshold() == (10_000, 10, 10)

@@ -1,11 +1,12 @@
-"""How the pool's calls meet a server's connections (`gateway.fleet.pool`): an idle kept-alive connection the
-server closed is retried on the same server, but a request a server read on a new connection is never sent
-again; a server that dies with a call at work fails that call (it is never re-run elsewhere, whether the kill
-reaches the gateway as a close or a reset) and is ejected (at once, or by the next call that finds it gone),
-and the rollout's next call moves. A removed server's connections are closed. A server too busy to accept a
-connection stays: its call is refused for the client to retry, and health checks that time out eject it only
-if another server serves its models. The servers are raw sockets, to die at an exact point of the exchange,
-or to accept no connection at all; each test runs on asyncio's own loop and on uvloop (the server's)."""
+"""How the engine client's calls meet a server's connections (`gateway.fleet.engine`): an idle kept-alive
+connection the server closed is retried on the same server, but a request a server read on a new connection is
+never sent again; a server that dies with a call at work fails that call (it is never re-run elsewhere,
+whether the kill reaches the gateway as a close or a reset) and is ejected (at once, or by the next call that
+finds it gone), and the rollout's next call moves. A removed server's connections are closed. A server too
+busy to accept a connection stays: its call is refused for the client to retry, and health checks that time
+out eject it only if another server serves its models. The servers are raw sockets, to die at an exact point
+of the exchange, or to accept no connection at all; each test runs on asyncio's own loop and on uvloop (the
+server's)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from gateway.fleet.pool import BackendPool
+from gateway.fleet.engine import EngineClient
 from gateway.fleet.replies import BackendFailure
 from testbed.process import free_port
 
 from support import until
+from support.fleets import engine_client
 from support.raw_http import ANSWER, Counted, Handler, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
 
 pytestmark = pytest.mark.anyio
@@ -44,11 +46,13 @@ def dies_at_work(reset: bool) -> Handler:
 
 
 @pytest.fixture
-async def pool_of() -> AsyncIterator[Callable[..., BackendPool]]:
-    pools: list[BackendPool] = []
+async def pool_of() -> AsyncIterator[Callable[..., EngineClient]]:
+    pools: list[EngineClient] = []
 
-    def make(*urls: str) -> BackendPool:
-        pools.append(BackendPool(list(urls), timeout=5, connect_timeout=1, max_connections=4, max_queued=16))
+    def make(*urls: str) -> EngineClient:
+        pools.append(
+            engine_client(list(urls), timeout=5, connect_timeout=1, max_connections=4, max_queued=16)
+        )
         return pools[-1]
 
     yield make
@@ -63,7 +67,7 @@ async def test_a_server_that_dies_with_a_call_at_work_fails_that_call_is_ejected
     dying = await serve(dies_at_work(reset))
     survivor = await serve(answers)
     pool = pool_of(dying, survivor)
-    pool.servers[survivor].pinned = 1  # the new rollout goes to the dying server, the least loaded
+    pool.fleet.servers[survivor].pinned = 1  # the new rollout goes to the dying server, the least loaded
 
     with pytest.raises(BackendFailure) as failed:
         await pool.send("r", "/v1/chat/completions", b"{}")
@@ -72,8 +76,8 @@ async def test_a_server_that_dies_with_a_call_at_work_fails_that_call_is_ejected
 
     assert (failed.value.kind, failed.value.url) == ("failed", dying)
     assert (moved.url, moved.repinned_from) == (survivor, dying)
-    assert [(s.healthy, s.in_flight) for s in pool.servers.values()] == [(False, 0), (True, 0)]
-    assert pool.servers[survivor].requests == 1  # the failed call was not re-run there
+    assert [(s.healthy, s.in_flight) for s in pool.fleet.servers.values()] == [(False, 0), (True, 0)]
+    assert pool.fleet.servers[survivor].requests == 1  # the failed call was not re-run there
 
 
 async def test_an_idle_connection_the_server_closed_is_retried_on_the_same_server(serve, pool_of):
@@ -100,7 +104,11 @@ async def test_an_idle_connection_the_server_closed_is_retried_on_the_same_serve
         assert await routed.reply.body() == b"{}"
 
     assert counted.connections == 2
-    assert (pool.servers[url].healthy, pool.servers[url].errors, routed.repinned_from) == (True, 0, None)
+    assert (pool.fleet.servers[url].healthy, pool.fleet.servers[url].errors, routed.repinned_from) == (
+        True,
+        0,
+        None,
+    )
 
 
 async def test_a_call_whose_new_connection_closes_after_the_request_went_out_is_not_sent_again(
@@ -121,7 +129,7 @@ async def test_a_call_whose_new_connection_closes_after_the_request_went_out_is_
 
     assert (failed.value.kind, len(requests)) == ("failed", 1)
     assert str(failed.value) == f"backend {url} failed: connection closed before the reply"
-    assert (pool.servers[url].healthy, pool.servers[url].in_flight) == (True, 0)
+    assert (pool.fleet.servers[url].healthy, pool.fleet.servers[url].in_flight) == (True, 0)
 
 
 async def test_a_removed_servers_connections_are_closed_idle_ones_at_once_busy_ones_when_their_call_ends(
@@ -139,7 +147,7 @@ async def test_a_removed_servers_connections_are_closed_idle_ones_at_once_busy_o
     pool = pool_of(url)
     idle, busy = await asyncio.gather(*(pool.send(f"r{i}", "/v1/completions", b"{}") for i in range(2)))
     assert await idle.reply.body() == b"{}"  # its connection idle again, the other still out
-    pool.remove(url)
+    pool.fleet.remove(url)
     await until(lambda: len(closed) == 1, "the idle connection closed")
     assert await busy.reply.body() == b"{}"
     await until(lambda: len(closed) == 2, "the busy connection closed once its call ended")
@@ -173,7 +181,9 @@ def busy_server() -> Iterator[str]:
 async def test_a_server_too_busy_to_accept_a_connection_stays_in_the_fleet_and_the_call_is_refused_to_retry(
     busy_server,
 ):
-    pool = BackendPool([busy_server], timeout=5, connect_timeout=UNANSWERED, max_connections=4, max_queued=16)
+    pool = engine_client(
+        [busy_server], timeout=5, connect_timeout=UNANSWERED, max_connections=4, max_queued=16
+    )
     try:
         with pytest.raises(BackendFailure) as refused:
             await pool.send("r", "/v1/chat/completions", b"{}")
@@ -184,28 +194,30 @@ async def test_a_server_too_busy_to_accept_a_connection_stays_in_the_fleet_and_t
     assert str(refused.value) == (
         f"backend {busy_server} did not accept a connection within 0.2 s: it is busy, not gone; retry"
     )
-    server = pool.servers[busy_server]
+    server = pool.fleet.servers[busy_server]
     assert (server.healthy, server.in_flight, server.errors) == (True, 0, 1)
 
 
-async def checked_twice(pool: BackendPool, url: str) -> bool | None:
+async def checked_twice(pool: EngineClient, url: str) -> bool | None:
     """What two health checks in a row (the default ejection) find of a server's health."""
-    await pool.check(pool.servers[url])
-    return (await pool.check(pool.servers[url])).healthy
+    await pool.check(pool.fleet.servers[url])
+    return (await pool.check(pool.fleet.servers[url])).healthy
 
 
 async def test_health_checks_that_time_out_do_not_eject_the_last_server_of_a_model(busy_server):
-    pool = BackendPool([busy_server], timeout=5, connect_timeout=UNANSWERED, max_connections=4, max_queued=16)
+    pool = engine_client(
+        [busy_server], timeout=5, connect_timeout=UNANSWERED, max_connections=4, max_queued=16
+    )
     try:
         assert await checked_twice(pool, busy_server) is None  # no change: it stays in service
     finally:
         await pool.close()
-    assert pool.servers[busy_server].failed_checks == 2
+    assert pool.fleet.servers[busy_server].failed_checks == 2
 
 
 async def test_health_checks_that_time_out_eject_a_server_whose_models_another_serves(busy_server, serve):
     other = await serve(answers)
-    pool = BackendPool(
+    pool = engine_client(
         [busy_server, other], timeout=5, connect_timeout=UNANSWERED, max_connections=4, max_queued=16
     )
     try:
@@ -216,7 +228,7 @@ async def test_health_checks_that_time_out_eject_a_server_whose_models_another_s
 
 async def test_health_checks_refused_eject_even_the_last_server():
     refused = f"http://127.0.0.1:{free_port()}"  # nothing listens there: refused at once, however slow
-    pool = BackendPool([refused], timeout=5, connect_timeout=60, max_connections=4, max_queued=16)
+    pool = engine_client([refused], timeout=5, connect_timeout=60, max_connections=4, max_queued=16)
     try:
         assert await checked_twice(pool, refused) is False
     finally:

@@ -15,7 +15,6 @@ import orjson
 import pytest
 
 from gateway.app import create_app
-from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure
 from gateway.settings import Settings
 from gateway.store.store import Store
@@ -23,6 +22,7 @@ from testbed.process import free_port
 
 from support import until
 from support.fake_engine import chat_completion
+from support.fleets import engine_client
 
 pytestmark = pytest.mark.anyio
 
@@ -106,8 +106,8 @@ async def test_the_only_server_back_takes_the_next_call_at_once_and_one_refused_
     app = create_app(Settings(db=db, backend=[engine.url], health_interval=3600), store=store)
     try:
         async with app.router.lifespan_context(app):
-            backends = app.state.turns.backends
-            await until(lambda: backends.servers[engine.url].models, "the first health check")
+            fleet = app.state.admin.fleet
+            await until(lambda: fleet.servers[engine.url].models, "the first health check")
             async with httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://gw"
             ) as client:
@@ -135,8 +135,8 @@ async def test_the_only_server_back_takes_the_next_call_at_once_and_one_refused_
 
 
 async def test_a_burst_of_calls_with_no_server_left_waits_on_one_check_of_each_ejected_server(engine: Engine):
-    pool = BackendPool([engine.url], timeout=60, connect_timeout=60, max_connections=8, max_queued=16)
-    pool.servers[engine.url].healthy = False
+    pool = engine_client([engine.url], timeout=60, connect_timeout=60, max_connections=8, max_queued=16)
+    pool.fleet.servers[engine.url].healthy = False
     engine.hold_health.clear()
     try:
         calls = [
@@ -151,15 +151,15 @@ async def test_a_burst_of_calls_with_no_server_left_waits_on_one_check_of_each_e
         await pool.close()
 
     assert answers == [orjson.dumps(chat_completion([1, 2], [3], "ok"))] * 8
-    assert (engine.health_checks, pool.servers[engine.url].healthy) == (1, True)
+    assert (engine.health_checks, pool.fleet.servers[engine.url].healthy) == (1, True)
 
 
 async def test_a_call_no_server_takes_is_refused_naming_its_model_after_the_ejected_server_is_checked(
     engine: Engine,
 ):
     engine.down()
-    pool = BackendPool([engine.url], timeout=60, connect_timeout=60, max_connections=8, max_queued=16)
-    pool.servers[engine.url].healthy = False  # ejected before any check told its models
+    pool = engine_client([engine.url], timeout=60, connect_timeout=60, max_connections=8, max_queued=16)
+    pool.fleet.servers[engine.url].healthy = False  # ejected before any check told its models
     try:
         with pytest.raises(BackendFailure) as refused:
             await pool.send("r", "/v1/chat/completions", b"{}", "tiny")
@@ -171,4 +171,4 @@ async def test_a_call_no_server_takes_is_refused_naming_its_model_after_the_ejec
         "unreachable",
         f"no healthy backend takes new rollouts for model 'tiny': {engine.url} (ejected)",
     )
-    assert pool.servers[engine.url].failed_checks == 1  # checked for the call, refused
+    assert pool.fleet.servers[engine.url].failed_checks == 1  # checked for the call, refused

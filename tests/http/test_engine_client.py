@@ -1,10 +1,10 @@
 """The turn path's HTTP/1.1 client (`gateway.fleet.http1`) against raw-socket servers: a reply's body comes
-back exactly as sent, its chunked framing stripped, however the network splits it; connections are kept
-alive and reused, let go at a stream's end even before its framing's end arrives, and never go back idle with
-their reading stopped (over TLS too); an interim 1xx reply is skipped for the final one, so no call reads
-another's reply; bytes a server writes past a reply's end leave its call the whole reply and close the
-connection; what breaks off, stays silent, switches protocols or is not HTTP is an error the pool maps,
-never a hang. Each test runs on asyncio's loop and on uvloop."""
+back exactly as sent, its chunked framing stripped, however the network splits it; connections are kept alive
+and reused, let go at a stream's end even before its framing's end arrives, and never go back idle with their
+reading stopped (over TLS too); an interim 1xx reply is skipped for the final one, so no call reads another's
+reply; bytes a server writes past a reply's end leave its call the whole reply and close the connection; what
+breaks off, stays silent, switches protocols or is not HTTP is an error the engine client maps, never a hang.
+Each test runs on asyncio's loop and on uvloop."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from gateway.fleet.engine import EngineClient
 from gateway.fleet.http1 import Connection, Http1Client, ReplyTimeout
-from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure, BackendReply, BackendStreamError
 
 from support import TIMEOUT, until
+from support.fleets import engine_client
 from support.raw_http import (  # noqa: F401 (both_loops: both loops)
     ANSWER,
     Counted,
@@ -51,8 +52,8 @@ def client(read_timeout: float = 60, keepalive: float = 60) -> Http1Client:
     return Http1Client(connect_timeout=60, read_timeout=read_timeout, keepalive=keepalive, authorization=None)
 
 
-def pool_for(url: str, api_key: str | None = None) -> BackendPool:
-    return BackendPool(
+def pool_for(url: str, api_key: str | None = None) -> EngineClient:
+    return engine_client(
         [url], timeout=60, connect_timeout=60, max_connections=4, max_queued=16, api_key=api_key
     )
 
@@ -192,7 +193,7 @@ async def test_when_idle_connections_were_all_closed_by_the_server_the_retry_ope
     finally:
         await pool.close()
 
-    assert (body, counted.connections, pool.servers[url].errors) == (b"{}", 3, 0)
+    assert (body, counted.connections, pool.fleet.servers[url].errors) == (b"{}", 3, 0)
 
 
 PAST_THE_END = {
@@ -227,7 +228,7 @@ async def test_bytes_past_a_replys_end_leave_its_call_the_whole_reply_and_close_
     finally:
         await pool.close()
 
-    assert (bodies, counted.connections, pool.servers[url].errors) == ([body] * 3, 3, 0)
+    assert (bodies, counted.connections, pool.fleet.servers[url].errors) == ([body] * 3, 3, 0)
 
 
 async def test_a_stream_let_go_at_done_whose_framings_end_comes_with_another_reply_is_not_reused(
@@ -406,7 +407,7 @@ async def test_a_reply_that_is_not_http_fails_the_call_and_leaves_the_server_in_
 
     assert (failed.value.kind, failed.value.url) == ("failed", url)
     assert str(failed.value).startswith(f"backend {url} failed: not an HTTP reply: ")
-    assert (pool.servers[url].healthy, pool.servers[url].in_flight) == (True, 0)
+    assert (pool.fleet.servers[url].healthy, pool.fleet.servers[url].in_flight) == (True, 0)
 
 
 async def test_a_reader_that_falls_behind_stops_reading_the_server_and_loses_nothing(serve: Serve):
@@ -520,7 +521,7 @@ async def test_a_101_switching_protocols_fails_its_call_and_closes_the_connectio
         "failed",
         f"backend {url} failed: the server switched protocols (101), which no call asks for",
     )
-    assert (loop_errors, pool.servers[url].in_flight) == ([], 0)
+    assert (loop_errors, pool.fleet.servers[url].in_flight) == ([], 0)
 
 
 async def test_a_stream_let_go_while_reading_was_stopped_serves_the_next_call_over_tls(

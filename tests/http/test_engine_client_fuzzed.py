@@ -1,10 +1,10 @@
-"""The turn path's HTTP/1.1 client (`gateway.fleet.http1`), through the pool, fed byte streams Hypothesis
-draws: replies with a length, chunked or running to the close, after interim 1xx replies, split into writes at
-any points, followed in the write that ends them by nothing, blank lines, stray bytes or another whole reply,
-or cut short, or not HTTP at all. Whatever comes, a call gets its own reply whole (when the server wrote it
-whole) or the gateway's error, never another call's bytes nor an exception of another kind. Each call's body
-names the call, so a reply read by the wrong call shows. The examples are derandomized: the same on every run.
-"""
+"""The turn path's HTTP/1.1 client (`gateway.fleet.http1`), through the engine client, fed byte streams
+Hypothesis draws: replies with a length, chunked or running to the close, after interim 1xx replies, split
+into writes at any points, followed in the write that ends them by nothing, blank lines, stray bytes or
+another whole reply, or cut short, or not HTTP at all. Whatever comes, a call gets its own reply whole (when
+the server wrote it whole) or the gateway's error, never another call's bytes nor an exception of another
+kind. Each call's body names the call, so a reply read by the wrong call shows. The examples are derandomized:
+the same on every run."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.fleet.pool import BackendPool
+from gateway.fleet.engine import EngineClient
 from gateway.fleet.replies import BackendFailure, BackendStreamError
 
+from support.fleets import engine_client
 from support.raw_http import both_loops, raw_servers, read_request  # noqa: F401 (both_loops: both loops)
 
 pytestmark = pytest.mark.anyio
@@ -162,7 +163,7 @@ class Server:
         await asyncio.gather(*(task for task, _ in self.playing))
 
 
-async def outcome(pool: BackendPool, call: int, script: Script) -> tuple[int, bytes] | Exception:
+async def outcome(pool: EngineClient, call: int, script: Script) -> tuple[int, bytes] | Exception:
     """The call's status and what it read of the body, or the gateway's error."""
     try:
         routed = await pool.send("r", "/v1/completions", orjson.dumps({"call": call}))
@@ -195,7 +196,7 @@ async def test_each_call_gets_its_own_whole_reply_or_the_gateways_error_whatever
     server = Server(scripts)
     async with raw_servers() as serve:
         url = await serve(server)
-        pool = BackendPool([url], timeout=10, connect_timeout=10, max_connections=4, max_queued=16)
+        pool = engine_client([url], timeout=10, connect_timeout=10, max_connections=4, max_queued=16)
         try:
             outcomes = [await outcome(pool, call, script) for call, script in enumerate(scripts)]
         finally:

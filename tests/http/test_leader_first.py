@@ -12,12 +12,13 @@ from collections.abc import Awaitable, Callable
 import orjson
 import pytest
 
+from gateway.fleet.engine import EngineClient
 from gateway.fleet.leaders import Ahead, Leaders
-from gateway.fleet.pool import BackendPool
 from gateway.fleet.replies import BackendFailure
 
 from support import until
 from support.fake_engine import chat_reply, chat_stream
+from support.fleets import engine_client
 from support.raw_http import Serve, read_request
 
 pytestmark = pytest.mark.anyio
@@ -125,15 +126,15 @@ async def test_the_server_gets_the_copy_alone_then_every_call_of_the_group(serve
             writer.close()
 
     url = await serve(engine)
-    pool = BackendPool([url], timeout=60, connect_timeout=60, max_connections=8, max_queued=16)
-    pool.servers[url].healthy = True
+    pool = engine_client([url], timeout=60, connect_timeout=60, max_connections=8, max_queued=16)
+    pool.fleet.servers[url].healthy = True
     ahead = Ahead("p", "/v1/chat/completions", b'{"copy":1}')
     try:
         calls = [
             asyncio.create_task(pool.send(f"r{i}", "/v1/chat/completions", b'{"call":%d}' % i, ahead=ahead))
             for i in range(3)
         ]
-        await until(lambda: pool.leaders.followed == 2 and seen, "two calls waiting behind the copy")
+        await until(lambda: pool.fleet.leaders.followed == 2 and seen, "two calls waiting behind the copy")
         while_computing = list(seen)
         answer_copy.set()
         bodies = [await routed.reply.body() for routed in await asyncio.gather(*calls)]
@@ -143,7 +144,7 @@ async def test_the_server_gets_the_copy_alone_then_every_call_of_the_group(serve
     assert while_computing == [b'{"copy":1}']
     assert sorted(seen[1:]) == [b'{"call":0}', b'{"call":1}', b'{"call":2}']
     assert bodies == [b"{}"] * 3
-    assert [server.in_flight for server in pool.servers.values()] == [0]
+    assert [server.in_flight for server in pool.fleet.servers.values()] == [0]
 
 
 COPY = b'{"copy":1}'
@@ -171,7 +172,7 @@ async def never(_: bytes) -> bool:
     return False
 
 
-def group_calls(pool: BackendPool, members: int) -> list[asyncio.Task]:
+def group_calls(pool: EngineClient, members: int) -> list[asyncio.Task]:
     ahead = Ahead("p", "/v1/chat/completions", COPY)
     return [
         asyncio.create_task(pool.send(f"r{i}", "/v1/chat/completions", b'{"call":%d}' % i, ahead=ahead))
@@ -182,7 +183,7 @@ def group_calls(pool: BackendPool, members: int) -> list[asyncio.Task]:
 async def test_a_group_whose_server_never_answers_fails_within_one_backend_timeout(serve: Serve):
     seen: list[bytes] = []
     url = await serve(engine_seeing(seen, never))
-    pool = BackendPool([url], timeout=4, connect_timeout=60, max_connections=8, max_queued=16)
+    pool = engine_client([url], timeout=4, connect_timeout=60, max_connections=8, max_queued=16)
     started = time.monotonic()
     try:
         failures = await asyncio.gather(*group_calls(pool, 3), return_exceptions=True)
@@ -206,7 +207,7 @@ async def test_a_copy_left_unanswered_holds_its_group_only_for_its_own_short_bou
 
     seen: list[bytes] = []
     url = await serve(engine_seeing(seen, all_but_the_copy))
-    pool = BackendPool([url], timeout=6, connect_timeout=60, max_connections=8, max_queued=16)
+    pool = engine_client([url], timeout=6, connect_timeout=60, max_connections=8, max_queued=16)
     started = time.monotonic()
     try:
         bodies = [await routed.reply.body() for routed in await asyncio.gather(*group_calls(pool, 3))]
@@ -231,15 +232,17 @@ async def test_calls_waiting_for_their_groups_copy_are_queued_and_refused_past_m
         return True
 
     url = await serve(engine_seeing(seen, copy_when_told))
-    pool = BackendPool([url], timeout=60, connect_timeout=60, max_connections=8, max_queued=1)
+    pool = engine_client([url], timeout=60, connect_timeout=60, max_connections=8, max_queued=1)
     try:
         leader, behind = group_calls(pool, 2)
-        await until(lambda: pool.leaders.followed == 1, "the second call waiting behind the copy")
+        await until(lambda: pool.fleet.leaders.followed == 1, "the second call waiting behind the copy")
         queued = pool.queued
         third = asyncio.create_task(
             pool.send("r2", "/v1/chat/completions", b"{}", ahead=Ahead("p", "/v1/chat/completions", COPY))
         )
-        await until(lambda: third.done() or pool.leaders.followed == 2, "the third call refused or waiting")
+        await until(
+            lambda: third.done() or pool.fleet.leaders.followed == 2, "the third call refused or waiting"
+        )
         answer_copy.set()
         results = await asyncio.gather(leader, behind, third, return_exceptions=True)
     finally:

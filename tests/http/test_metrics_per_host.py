@@ -18,7 +18,7 @@ from gateway.store.database import ensure_schema
 from gateway.store.store import Store
 
 import support
-from support.fake_engine import URL, FakeEngine, chat_reply
+from support.fake_engine import URL, FakeEngine, Scripted, chat_reply
 
 pytestmark = pytest.mark.anyio
 
@@ -50,14 +50,15 @@ async def replicas(databases: Any) -> AsyncIterator[Callable[..., Awaitable[Repl
     async with AsyncExitStack() as stack:
 
         async def started(**settings: Any) -> Replica:
-            store, engine = Store(db), FakeEngine()
+            store, scripted = Store(db), Scripted()
             stack.callback(store.close)
             app = create_app(
                 Settings(db=db, backend=[URL], heartbeat_interval=0.1, **settings),
                 store=store,
-                backends=engine,
+                engine=scripted,
             )
             await stack.enter_async_context(app.router.lifespan_context(app))
+            engine = scripted.engine
             client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
             await stack.enter_async_context(client)
             return Replica(client, engine)

@@ -21,7 +21,7 @@ from gateway.store.store import Store
 from testbed.process import free_port
 
 import support
-from support.fake_engine import URL, FakeEngine, HeldReply, chat_stream
+from support.fake_engine import URL, HeldReply, Scripted, chat_stream
 
 pytestmark = pytest.mark.anyio
 
@@ -99,7 +99,7 @@ async def test_a_replica_cut_off_from_its_store_is_unready_as_it_refuses_agent_c
     ensure_schema(db)
     store = Store(db)
     settings = Settings(db=db, backend=[URL], heartbeat_interval=0.1, process_timeout=2)
-    app = create_app(settings, store=store, backends=FakeEngine())
+    app = create_app(settings, store=store, engine=Scripted())
     cut_off = ["store unreachable: its last heartbeat failed: agent calls are refused"]
     async with (
         app.router.lifespan_context(app),
@@ -192,12 +192,12 @@ async def test_both_probes_are_in_the_openapi_schema_with_their_answers(gw):
 
 async def test_a_gateway_shutting_down_is_unready_at_once_while_its_streams_finish(tmp_path, empty_store):
     shutil.copy(empty_store, tmp_path / "gateway.db")
-    db, engine, release = f"sqlite:///{tmp_path / 'gateway.db'}", FakeEngine(), asyncio.Event()
+    db, scripted, release = f"sqlite:///{tmp_path / 'gateway.db'}", Scripted(), asyncio.Event()
     store = Store(db)
-    app = create_app(Settings(db=db, backend=[URL]), store=store, backends=engine)
-    engine.answer("/v1/chat/completions", HeldReply(chat_stream([4], [(10, "a"), (0, "")]), release))
+    app = create_app(Settings(db=db, backend=[URL]), store=store, engine=scripted)
     lifespan = app.router.lifespan_context(app)
     await lifespan.__aenter__()
+    scripted.engine.answer("/v1/chat/completions", HeldReply(chat_stream([4], [(10, "a"), (0, "")]), release))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
         call = asyncio.create_task(client.post("/rollouts/r1/v1/chat/completions", json=body))

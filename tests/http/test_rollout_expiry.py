@@ -29,7 +29,7 @@ async def played(gw, rollout_id: str) -> None:
 async def expire(gw) -> list[str]:
     """The leading process's sweep, an hour past a minute's idle limit."""
     control = gw.app.state.control
-    return await sweep(control.store, control.backends, 60.0, now=time.time() + 3600.0)
+    return await sweep(control.store, control.fleet, 60.0, now=time.time() + 3600.0)
 
 
 async def test_an_expired_rollout_shows_its_status_and_refuses_a_late_call_without_calling_the_engine(gw):

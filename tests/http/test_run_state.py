@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from gateway.app import create_app
+from gateway.fleet.fleet import Fleet
 from gateway.fleet.health import Found
-from gateway.fleet.pool import BackendPool
 from gateway.fleet.weight_versions import FleetWeights
 from gateway.replicas.publish import found, listed
 from gateway.replicas.replica import Replica
@@ -23,6 +23,8 @@ from gateway.store.run_state import RunState, ServerEntry
 from gateway.store.store import Store
 from gateway.turns.recording import Recorder
 from gateway.turns.traffic import Traffic
+
+from support.fake_engine import Scripted
 
 pytestmark = pytest.mark.anyio
 A, B, C = "http://vllm-a:8000", "http://vllm-b:8000", "http://vllm-c:8000"
@@ -33,7 +35,7 @@ class Worker:
     """The parts of a gateway process's app that hold the run state."""
 
     replica: Replica
-    backends: BackendPool
+    fleet: Fleet
     recorder: Recorder
     traffic: Traffic
 
@@ -54,12 +56,10 @@ async def start_worker(tmp_path: Path, empty_store: Path) -> AsyncIterator[Calla
             )
             store = Store(settings.db)
             stack.callback(store.close)
-            pool = BackendPool([A, B], timeout=5, connect_timeout=1, max_connections=4, max_queued=16)
-            stack.push_async_callback(pool.close)
-            app = create_app(settings, store=store, backends=pool)
+            app = create_app(settings, store=store, engine=Scripted())
             await stack.enter_async_context(app.router.lifespan_context(app))
             admin = app.state.admin
-            return Worker(admin.replica, admin.backends, admin.recorder, app.state.turns.traffic)
+            return Worker(admin.replica, admin.fleet, admin.recorder, app.state.turns.traffic)
 
         yield start
 
@@ -103,7 +103,7 @@ def held(state: Worker) -> list[tuple[str, bool, bool, list[str], int, str | Non
     """Each server as the process holds it: url, healthy, draining, models, reloads, weight version."""
     return [
         (s.url, s.healthy, s.draining, sorted(s.models), s.reloads, s.weight_version)
-        for s in state.backends.servers.values()
+        for s in state.fleet.servers.values()
     ]
 
 
@@ -115,7 +115,7 @@ async def test_a_process_holds_each_servers_health_models_and_weights_as_the_run
     )
 
     assert held(state) == [(A, True, False, ["tiny"], 1, "3"), (B, False, False, [], 0, None)]
-    assert (state.recorder.policy_version, state.backends.weights) == ("3", FleetWeights(1, "3"))
+    assert (state.recorder.policy_version, state.fleet.weights) == ("3", FleetWeights(1, "3"))
 
 
 async def test_an_older_run_state_arriving_late_changes_nothing(worker):
@@ -124,7 +124,7 @@ async def test_an_older_run_state_arriving_late_changes_nothing(worker):
 
     state.replica.take(run_state(1, entry(A, version="2"), version="2"))
 
-    assert (state.recorder.policy_version, sorted(state.backends.servers), state.replica.held.epoch) == (
+    assert (state.recorder.policy_version, sorted(state.fleet.servers), state.replica.held.epoch) == (
         "3",
         [A, B],
         2,
@@ -165,7 +165,7 @@ async def test_health_checks_findings_become_the_run_states_and_finding_nothing_
     admitted = Found(A, frozenset({"tiny"}), 0.5, healthy=True, weights=FleetWeights(2, "4"))
     await found(state.replica, admitted)
     assert held(state)[0] == (A, True, False, ["tiny"], 2, "4")
-    assert state.backends.servers[A].prefix_cache_hit_rate == 0.5
+    assert state.fleet.servers[A].prefix_cache_hit_rate == 0.5
     assert state.replica.held.epoch == epoch + 2
 
 

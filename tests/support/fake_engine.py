@@ -1,20 +1,22 @@
-"""A scripted stand-in for the gateway's backends, for the in-process tier: each POST gets the reply the test
-queued for its path (vLLM's shapes), or raises the transport failure queued instead."""
+"""A scripted stand-in for the gateway's engine client (`gateway.fleet.engine.Engine`), for the in-process
+tier: each POST gets the reply the test queued for its path (vLLM's shapes), or raises the transport failure
+queued instead. Calls are routed by the app's own fleet (placement, pins in the store) as the real client's
+are; only the sending is scripted."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict, deque
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from gateway.fleet.kv_events import KvEvents
-from gateway.fleet.leaders import Ahead, Leaders
-from gateway.fleet.prefixes import PrefixIndex
+from gateway.fleet.fleet import Fleet
+from gateway.fleet.health import Found
+from gateway.fleet.leaders import Ahead
 from gateway.fleet.replies import BackendFailure, BackendStreamError, Routed
 from gateway.fleet.servers import Server
-from gateway.fleet.weight_versions import FleetWeights
 
 URL = "http://fake-engine"
 
@@ -74,58 +76,61 @@ class HeldReply(FakeReply):
 
 
 class FakeEngine:
-    """The surface of `BackendPool` the gateway uses."""
+    """An `Engine` on the app's fleet (`create_app(..., engine=FakeEngine)`)."""
 
-    def __init__(self) -> None:
-        self.urls = [URL]
-        self.servers = {URL: Server(URL)}
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
         self.exact = False
+        """Whether the engine offers vLLM's token-in/token-out endpoints (exact mode)."""
         self.queued = 0
         """Calls waiting for a connection: none, the scripted replies wait for nothing."""
-        """Whether the engine offers vLLM's token-in/token-out endpoints (exact mode)."""
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.detokenize_failure: BackendFailure | None = None
         self._replies: defaultdict[str, deque[FakeReply | BackendFailure]] = defaultdict(deque)
-        self.weights = FleetWeights()
-        self.ejected: Any = None
-        self.leaders = Leaders()
-        self.prefixes = PrefixIndex()
-        self.events: KvEvents | None = None
-        """No KV-cache events are read from the scripted engine."""
         self.aheads: list[tuple[str, Ahead]] = []
         """The calls that led their group's, with what they sent ahead."""
+
+    @property
+    def servers(self) -> dict[str, Server]:
+        return self.fleet.servers
 
     def answer(self, path: str, reply: FakeReply | BackendFailure) -> None:
         self._replies[path].append(reply)
 
+    async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
+        return await self.fleet.route(rollout_id, model)
+
     async def send(
         self, rollout_id: str, path: str, body: bytes, model: str | None = None, ahead: Ahead | None = None
     ) -> Routed:
+        server, moved_from = await self.route(rollout_id, model)
         self.requests.append((path, orjson.loads(body)))
         if ahead is not None:
             self.aheads.append((rollout_id, ahead))
         reply = self._replies[path].popleft()
         if isinstance(reply, BackendFailure):
             raise reply
-        return Routed(URL, reply, None)  # type: ignore[arg-type]
+        return Routed(server.url, reply, moved_from)  # type: ignore[arg-type]
 
     async def probe_scale_out(self, url: str) -> bool:
         return False
 
-    async def exact_capable(self, rollout_id: str, model: str | None = None) -> bool:
+    async def exact_capable(self, server: Server) -> bool:
         return self.exact
 
-    async def call_all(self, path: str, *, params: dict[str, str] | None = None, **_: Any) -> None:
+    async def call_all(
+        self,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: object = None,
+        done: Callable[[Server], None] = lambda _server: None,
+    ) -> None:
+        """Every healthy server takes it."""
         self.requests.append((path, params or {}))
-
-    def add(self, url: str) -> Server:
-        return self.servers.setdefault(url, Server(url))
-
-    def remove(self, url: str) -> None:
-        self.servers.pop(url, None)
-
-    def forget(self, rollout_id: str) -> None:
-        pass
+        for server in list(self.fleet.servers.values()):
+            if server.healthy:
+                done(server)
 
     async def post_any(self, path: str, body: Any, model: str | None) -> tuple[int, bytes]:
         """`/detokenize` of one id: the engine's text of it is `<id>`."""
@@ -137,8 +142,29 @@ class FakeEngine:
     async def get(self, path: str) -> tuple[int, bytes]:
         return 200, orjson.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
 
+    async def check(self, server: Server) -> Found:
+        """A check that changes nothing."""
+        return Found(server.url, server.models, server.prefix_cache_hit_rate)
+
     async def close(self) -> None:
         pass
+
+
+class Scripted:
+    """What `create_app(..., engine=...)` is given: it builds the `FakeEngine` on the app's fleet as the app
+    starts, for the test to script."""
+
+    def __init__(self) -> None:
+        self._engine: FakeEngine | None = None
+
+    def __call__(self, fleet: Fleet) -> FakeEngine:
+        self._engine = FakeEngine(fleet)
+        return self._engine
+
+    @property
+    def engine(self) -> FakeEngine:
+        assert self._engine is not None, "the app has not started"
+        return self._engine
 
 
 def chat_completion(

@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.fleet.pool import BackendPool
 from gateway.replicas.expiry import sweep
 from gateway.store.database import ensure_schema
 from gateway.store.records import NewRollout, Reward, StoreError, TurnRecord
 from gateway.store.store import Store
 from trainer_client import TrainerClient
+
+from support.fleets import fleet_of
 
 pytestmark = pytest.mark.anyio
 
@@ -106,24 +107,17 @@ async def test_an_expired_rollout_takes_no_turn_and_cannot_be_finished(store):
 
 
 async def test_expired_rollouts_leave_their_servers_load_and_new_rollouts_spread_again(store):
-    pool = BackendPool(
-        ["http://s0", "http://s1", "http://s2"],
-        timeout=5,
-        connect_timeout=5,
-        max_connections=8,
-        max_queued=16,
-    )
-    pool.placement.pin_store = store.pin
+    fleet = fleet_of(["http://s0", "http://s1", "http://s2"], max_connections=8, pins=store.pin)
     try:
         for i in range(6):  # a previous run's rollouts on s0, never finished
-            await store.pin(f"old-{i}", lambda _: "http://s0", pool.urls)
-        await pool.route("mine", None)  # and one this process placed
-        await sweep(store, pool, 60.0, now=time.time() + 3600.0)
-        pinned = [server.pinned for server in pool.servers.values()]
+            await store.pin(f"old-{i}", lambda _: "http://s0", fleet.urls)
+        await fleet.route("mine", None)  # and one this process placed
+        await sweep(store, fleet, 60.0, now=time.time() + 3600.0)
+        pinned = [server.pinned for server in fleet.servers.values()]
 
-        placed = await asyncio.gather(*(pool.route(f"new-{i}", None) for i in range(6)))
+        placed = await asyncio.gather(*(fleet.route(f"new-{i}", None) for i in range(6)))
     finally:
-        await pool.close()
+        await fleet.close()
 
     assert pinned == [0, 0, 0]
     assert Counter(server.url for server, _ in placed) == {"http://s0": 2, "http://s1": 2, "http://s2": 2}

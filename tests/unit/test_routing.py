@@ -14,13 +14,15 @@ import numpy as np
 import pytest
 
 from gateway.fleet.discovery import BackendFile
+from gateway.fleet.fleet import Fleet
 from gateway.fleet.health import prefix_hit_rate
-from gateway.fleet.pool import BackendPool
 from gateway.fleet.routing import Reason, choose, group_bound, place, share_bound
 from gateway.fleet.servers import Server
 from gateway.store.database import ensure_schema
 from gateway.store.records import NewRollout, TurnRecord
 from gateway.store.store import Store
+
+from support.fleets import fleet_of
 
 
 def servers(*loads: tuple[int, int]) -> list[Server]:
@@ -113,47 +115,40 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-async def placing(request: pytest.FixtureRequest, databases: Any) -> AsyncIterator[tuple[BackendPool, Store]]:
-    """A pool of three servers (never called: placement alone) pinning through a real store."""
+async def placing(request: pytest.FixtureRequest, databases: Any) -> AsyncIterator[tuple[Fleet, Store]]:
+    """A fleet of three servers (never called: placement alone) pinning through a real store."""
     url = databases.new(request.param)
     ensure_schema(url)
     store = Store(url)
-    pool = BackendPool(
-        ["http://s0", "http://s1", "http://s2"],
-        timeout=5,
-        connect_timeout=5,
-        max_connections=8,
-        max_queued=16,
-    )
-    pool.placement.pin_store = store.pin
+    fleet = fleet_of(["http://s0", "http://s1", "http://s2"], max_connections=8, pins=store.pin)
     try:
-        yield pool, store
+        yield fleet, store
     finally:
-        await pool.close()
+        await fleet.close()
         store.close()
 
 
 @pytest.mark.anyio
 async def test_rollouts_placed_at_the_same_moment_spread_evenly(placing):
-    pool, store = placing
-    placed = await asyncio.gather(*(pool.route(f"group-{i}", None) for i in range(12)))
+    fleet, store = placing
+    placed = await asyncio.gather(*(fleet.route(f"group-{i}", None) for i in range(12)))
 
     assert Counter(server.url for server, _ in placed) == {"http://s0": 4, "http://s1": 4, "http://s2": 4}
-    assert [server.pinned for server in pool.servers.values()] == [4, 4, 4]
+    assert [server.pinned for server in fleet.servers.values()] == [4, 4, 4]
     stored = await asyncio.gather(
-        *(store.pin(f"group-{i}", lambda _: "http://s0", pool.urls) for i in range(12))
+        *(store.pin(f"group-{i}", lambda _: "http://s0", fleet.urls) for i in range(12))
     )
     assert [pin.url for pin in stored] == [server.url for server, _ in placed]  # the store agrees
 
 
 @pytest.mark.anyio
 async def test_a_rollout_another_process_placed_stays_there_and_counts_for_the_next_placements(placing):
-    pool, store = placing
+    fleet, store = placing
     for i in range(3):  # another process placed three rollouts on s2
-        await store.pin(f"elsewhere-{i}", lambda _: "http://s2", pool.urls)
+        await store.pin(f"elsewhere-{i}", lambda _: "http://s2", fleet.urls)
 
     (server, moved), *others = await asyncio.gather(
-        pool.route("elsewhere-0", None), *(pool.route(f"r{i}", None) for i in range(3))
+        fleet.route("elsewhere-0", None), *(fleet.route(f"r{i}", None) for i in range(3))
     )
 
     assert (server.url, moved) == ("http://s2", None)
@@ -163,18 +158,18 @@ async def test_a_rollout_another_process_placed_stays_there_and_counts_for_the_n
         {"http://s0": 1, "http://s1": 2},
     )
     # This process counts the ones it placed (its heartbeat takes the store's count on PostgreSQL).
-    assert sum(s.pinned for s in pool.servers.values()) == 3
+    assert sum(s.pinned for s in fleet.servers.values()) == 3
 
 
 @pytest.mark.anyio
 async def test_two_calls_of_one_rollout_placing_it_at_once_count_it_once(placing):
-    pool, _ = placing
-    (first, _), (second, _) = await asyncio.gather(pool.route("twice", None), pool.route("twice", None))
+    fleet, _ = placing
+    (first, _), (second, _) = await asyncio.gather(fleet.route("twice", None), fleet.route("twice", None))
 
     assert first.url == second.url
-    assert sum(s.pinned for s in pool.servers.values()) == 1
-    pool.forget("twice")
-    assert sum(s.pinned for s in pool.servers.values()) == 0
+    assert sum(s.pinned for s in fleet.servers.values()) == 1
+    fleet.forget("twice")
+    assert sum(s.pinned for s in fleet.servers.values()) == 0
 
 
 # Groups: the members of a GRPO group share their first prompt, so they go where their group is.
@@ -261,15 +256,13 @@ def new(rollout_id: str, group_id: str, size: int | None) -> NewRollout:
     return NewRollout(rollout_id=rollout_id, group_id=group_id, group_size=size)
 
 
-async def burst(
-    pool: BackendPool, store: Store, groups: int, size: int, declared: bool
-) -> dict[str, set[str]]:
+async def burst(fleet: Fleet, store: Store, groups: int, size: int, declared: bool) -> dict[str, set[str]]:
     """`groups` groups of `size` created, then all their first calls at once, members interleaved as a
     trainer's burst arrives; each group's servers."""
     members = [(f"g{g}", f"g{g}-m{m}") for m in range(size) for g in range(groups)]
     for group_id, rollout_id in members:
         await store.create_rollout(new(rollout_id, group_id, size if declared else None))
-    placed = await asyncio.gather(*(pool.route(rollout_id, None) for _, rollout_id in members))
+    placed = await asyncio.gather(*(fleet.route(rollout_id, None) for _, rollout_id in members))
     servers: dict[str, set[str]] = {}
     for (group_id, _), (server, _) in zip(members, placed, strict=True):
         servers.setdefault(group_id, set()).add(server.url)
@@ -281,68 +274,68 @@ async def burst(
 async def test_groups_started_in_one_burst_each_stay_on_one_server_and_the_servers_take_equal_shares(
     placing, declared
 ):
-    pool, store = placing
+    fleet, store = placing
     reasons: list[Reason] = []
-    pool.placement.placed = reasons.append
+    fleet.placement.placed = reasons.append
 
-    servers = await burst(pool, store, groups=6, size=4, declared=declared)
+    servers = await burst(fleet, store, groups=6, size=4, declared=declared)
 
     assert all(len(urls) == 1 for urls in servers.values()), servers
     assert sorted(Counter(url for (url,) in servers.values()).values()) == [2, 2, 2]
-    assert [server.pinned for server in pool.servers.values()] == [8, 8, 8]
+    assert [server.pinned for server in fleet.servers.values()] == [8, 8, 8]
     assert Counter(reasons) == {Reason.LOAD: 6, Reason.GROUP: 18}
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
 async def test_one_group_of_twelve_alone_on_three_idle_servers_splits_eight_and_four(placing, declared):
-    pool, store = placing
+    fleet, store = placing
     reasons: list[Reason] = []
-    pool.placement.placed = reasons.append
+    fleet.placement.placed = reasons.append
 
-    servers = await burst(pool, store, groups=1, size=12, declared=declared)
+    servers = await burst(fleet, store, groups=1, size=12, declared=declared)
 
     assert len(servers["g0"]) == 2
-    assert sorted(server.pinned for server in pool.servers.values()) == [0, 4, 8]
-    stored = await asyncio.gather(*(store.pin(f"g0-m{m}", lambda _: "", pool.urls) for m in range(12)))
+    assert sorted(server.pinned for server in fleet.servers.values()) == [0, 4, 8]
+    stored = await asyncio.gather(*(store.pin(f"g0-m{m}", lambda _: "", fleet.urls) for m in range(12)))
     assert sorted(Counter(pin.url for pin in stored).values()) == [4, 8]
     assert Counter(reasons) == {Reason.LOAD: 1, Reason.GROUP: 7, Reason.OVERFLOW: 4}
 
 
 @pytest.mark.anyio
 async def test_a_group_of_sixteen_declared_alone_on_four_idle_servers_splits_eight_and_eight(placing):
-    pool, store = placing
-    pool.add("http://s3", healthy=True)
+    fleet, store = placing
+    fleet.add("http://s3", healthy=True)
     reasons: list[Reason] = []
-    pool.placement.placed = reasons.append
+    fleet.placement.placed = reasons.append
 
-    await burst(pool, store, groups=1, size=16, declared=True)
+    await burst(fleet, store, groups=1, size=16, declared=True)
 
-    assert sorted(server.pinned for server in pool.servers.values()) == [0, 0, 8, 8]
+    assert sorted(server.pinned for server in fleet.servers.values()) == [0, 0, 8, 8]
     assert Counter(reasons) == {Reason.LOAD: 1, Reason.GROUP: 7, Reason.OVERFLOW: 8}
 
 
 @pytest.mark.anyio
 async def test_placement_by_load_alone_spreads_each_groups_members(placing):
-    pool, store = placing
-    pool.placement.by_group = False
+    fleet, store = placing
+    fleet.placement.by_group = False
 
-    servers = await burst(pool, store, groups=6, size=4, declared=True)
+    servers = await burst(fleet, store, groups=6, size=4, declared=True)
 
-    assert [server.pinned for server in pool.servers.values()] == [8, 8, 8]
+    assert [server.pinned for server in fleet.servers.values()] == [8, 8, 8]
     assert sum(len(urls) for urls in servers.values()) > 6  # members of a group on several servers
 
 
 @pytest.mark.anyio
 async def test_the_members_of_a_group_whose_server_is_ejected_move_together(placing):
-    pool, store = placing
+    fleet, store = placing
     reasons: list[Reason] = []
-    servers = await burst(pool, store, groups=1, size=4, declared=True)
+    servers = await burst(fleet, store, groups=1, size=4, declared=True)
     (home,) = servers["g0"]
-    pool.servers[home].healthy = False
-    pool.placement.placed = reasons.append
+    fleet.servers[home].healthy = False
+    fleet.placement.placed = reasons.append
 
-    moved = await asyncio.gather(*(pool.route(f"g0-m{m}", None) for m in range(4)))
+    moved = await asyncio.gather(*(fleet.route(f"g0-m{m}", None) for m in range(4)))
 
     assert len({server.url for server, _ in moved}) == 1
     assert {left for _, left in moved} == {home}
@@ -353,9 +346,9 @@ async def test_the_members_of_a_group_whose_server_is_ejected_move_together(plac
 async def test_a_rollout_whose_server_fails_moves_where_its_last_turn_is_cached_and_its_sibling_follows_it(
     placing,
 ):
-    pool, store = placing
+    fleet, store = placing
     reasons: list[Reason] = []
-    servers = await burst(pool, store, groups=1, size=2, declared=True)
+    servers = await burst(fleet, store, groups=1, size=2, declared=True)
     (home,) = servers["g0"]
     prompt, reply = np.arange(100, 400, dtype=np.int32), np.arange(7, 39, dtype=np.int32)
     await store.writer.insert_turns(
@@ -374,14 +367,14 @@ async def test_a_rollout_whose_server_fails_moves_where_its_last_turn_is_cached_
             )
         ]
     )
-    elsewhere = sorted(url for url in pool.servers if url != home)
-    pool.prefixes.saw(elsewhere[1], np.concatenate([prompt, reply])[:160])  # ten blocks of its history
-    pool.prefixes.saw(elsewhere[0], prompt[:64])
-    pool.servers[home].healthy = False
-    pool.placement.placed = reasons.append
+    elsewhere = sorted(url for url in fleet.servers if url != home)
+    fleet.prefixes.saw(elsewhere[1], np.concatenate([prompt, reply])[:160])  # ten blocks of its history
+    fleet.prefixes.saw(elsewhere[0], prompt[:64])
+    fleet.servers[home].healthy = False
+    fleet.placement.placed = reasons.append
 
-    moved, left = await pool.route("g0-m0", None)
-    sibling, _ = await pool.route("g0-m1", None)  # no turn yet: it goes where its group now is
+    moved, left = await fleet.route("g0-m0", None)
+    sibling, _ = await fleet.route("g0-m1", None)  # no turn yet: it goes where its group now is
 
     assert (moved.url, left, reasons[0]) == (elsewhere[1], home, Reason.HISTORY)
     assert (sibling.url, reasons[1]) == (elsewhere[1], Reason.GROUP)

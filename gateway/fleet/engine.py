@@ -1,7 +1,7 @@
-"""The vLLM servers behind the gateway: the servers as this process holds them (`gateway.replicas.apply`
-keeps them as the run state says), and each call sent to its rollout's server (`gateway.fleet.placement`)
-over the turn path's own HTTP/1.1 client (`http1.py`); health checks and control calls go through one pooled
-aiohttp session.
+"""The gateway's client of the vLLM servers: each call sent to its rollout's server, routed through the fleet
+(`gateway.fleet.fleet`), over the turn path's own HTTP/1.1 client (`http1.py`); health checks and control
+calls go through one pooled aiohttp session. `Engine` is what the turn, control and admin paths ask of it (the
+in-process tests script it, on the real fleet).
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Protocol
 
 import aiohttp
 
 from gateway.fleet import health
+from gateway.fleet.fleet import Fleet
 from gateway.fleet.http1 import (
     BrokenReply,
     ConnectFailed,
@@ -23,14 +25,10 @@ from gateway.fleet.http1 import (
     Disconnected,
     Http1Client,
 )
-from gateway.fleet.kv_events import KvEvents
-from gateway.fleet.leaders import Ahead, Leaders
-from gateway.fleet.placement import Placement
-from gateway.fleet.prefixes import PrefixIndex
+from gateway.fleet.leaders import Ahead
 from gateway.fleet.replies import BackendFailure, BackendReply, Routed
 from gateway.fleet.routing import usable
 from gateway.fleet.servers import Server
-from gateway.fleet.weight_versions import FleetWeights
 
 log = logging.getLogger(__name__)
 
@@ -54,115 +52,133 @@ class ServerLost(Exception):
     """A server dropped a call and then refused a new connection: it went away, maybe with the call."""
 
 
-class BackendPool:
+class Engine(Protocol):
+    """What the turn path and the control and admin paths ask of the servers: `EngineClient`, or a scripted
+    stand-in in tests."""
+
+    queued: int
+    """Calls waiting for a connection or for a prompt computed ahead of them (the queue's depth)."""
+
+    async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
+        """The rollout's server, pinned to it, and the server it left if it moved."""
+        ...
+
+    async def send(
+        self, rollout_id: str, path: str, body: bytes, model: str | None = None, ahead: Ahead | None = None
+    ) -> Routed:
+        """POST to the rollout's server."""
+        ...
+
+    async def exact_capable(self, server: Server) -> bool:
+        """Whether `server` serves vLLM's token-in/token-out endpoints (exact mode)."""
+        ...
+
+    async def probe_scale_out(self, url: str) -> bool | None:
+        """Ask a server whether exact mode works there; None if it cannot be reached."""
+        ...
+
+    async def call_all(
+        self,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: object = None,
+        done: Callable[[Server], None] = lambda _server: None,
+    ) -> None:
+        """POST to every healthy server (pause, resume, weights)."""
+        ...
+
+    async def post_any(self, path: str, body: object, model: str | None) -> tuple[int, bytes]:
+        """POST to any healthy server that serves `model`, without routing a rollout."""
+        ...
+
+    async def get(self, path: str) -> tuple[int, bytes]: ...
+
+    async def check(self, server: Server) -> health.Found:
+        """One health check of `server`."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def turn_client(*, timeout: float, connect_timeout: float, api_key: str | None) -> Http1Client:
+    """The turn path's HTTP/1.1 client, with the gateway's own credentials (vLLM's --api-key); an agent's are
+    never forwarded."""
+    return Http1Client(
+        connect_timeout=connect_timeout,
+        read_timeout=timeout,
+        keepalive=_KEEPALIVE,
+        authorization=_bearer(api_key),
+    )
+
+
+def _bearer(api_key: str | None) -> str | None:
+    return f"Bearer {api_key}" if api_key else None
+
+
+class EngineClient:
     def __init__(
         self,
-        urls: list[str],
+        fleet: Fleet,
+        calls: Http1Client,
         *,
         timeout: float,
         connect_timeout: float,
-        max_connections: int,
         max_queued: int,
         api_key: str | None = None,
         eject_after: int = 2,
+        waited: Callable[[float], None] = lambda _seconds: None,
+        ejected: Callable[[Server], None] = lambda _server: None,
+        revived: Callable[[health.Found], None] = lambda _found: None,
     ) -> None:
-        if not urls:
-            raise ValueError("at least one backend URL is required")
-        self.max_connections = max_connections
-        """Calls each server holds a connection for at once; more wait in the queue."""
+        """`calls`: the turn path's client (`turn_client`; the fleet closes its connections to a server that
+        leaves). `waited`: told the seconds each call waited for a connection (the metrics' queue stage).
+        `ejected`: told when a call finds a server unreachable (`gateway.replicas.publish` tells every
+        process). `revived`: told when an ejected server passed a check made for a call that no server took
+        (`revive`)."""
+        self.fleet = fleet
         self.max_queued = max_queued
         self.queued = 0
         """Calls waiting for a connection to their server or for the prompt their group's first call computes
         ahead of them, all servers together."""
         self.timeout = timeout
         """Seconds a call may wait for its reply, a prompt computed ahead of it included."""
-        self.waited: Callable[[float], None] = lambda _seconds: None
-        """Called with the seconds each call waited for a connection (the metrics' queue stage)."""
-        self.servers: dict[str, Server] = {}
-        self.events: KvEvents | None = None
-        """Reads the servers' KV-cache events into `prefixes` (`follow_events`)."""
-        for url in urls:
-            self.add(url, healthy=True)
-        self.prefixes = PrefixIndex()
-        """What each server's prefix cache holds (a moving rollout goes where most of its history is)."""
-        self.placement = Placement(self.servers, self.prefixes)
-        self.leaders = Leaders()
-        self.weights = FleetWeights()
+        self.waited, self.ejected, self.revived = waited, ejected, revived
         self.eject_after = eject_after
         """Failed health checks in a row before a server takes no more calls."""
         self.connect_timeout = connect_timeout
-        self.ejected: Callable[[Server], None] = lambda _server: None
-        """Called when a call finds a server unreachable (`gateway.replicas.publish` tells every process)."""
-        self.revived: Callable[[health.Found], None] = lambda _found: None
-        """Called when an ejected server passed a check made for a call that no server took (`revive`)."""
         self._probes: dict[str, asyncio.Future[bool]] = {}
         """The checks `revive` has in flight, by server: one each, whatever the calls waiting on it."""
-        # The gateway's own credentials (vLLM's --api-key); an agent's are never forwarded.
-        authorization = f"Bearer {api_key}" if api_key else None
-        self._calls = Http1Client(
-            connect_timeout=connect_timeout,
-            read_timeout=timeout,
-            keepalive=_KEEPALIVE,
-            authorization=authorization,
-        )
+        self._calls = calls
+        authorization = _bearer(api_key)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=0, limit_per_host=max_connections + _CONTROL_CONNECTIONS, keepalive_timeout=_KEEPALIVE
+                limit=0,
+                limit_per_host=fleet.max_connections + _CONTROL_CONNECTIONS,
+                keepalive_timeout=_KEEPALIVE,
             ),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout),
             headers={"authorization": authorization} if authorization else None,
         )
 
-    @property
-    def urls(self) -> list[str]:
-        return list(self.servers)
-
-    def add(self, url: str, *, healthy: bool = False) -> Server:
-        """A server this process holds; one added at run time takes calls once a health check has passed."""
-        url = url.rstrip("/")
-        server = self.servers.get(url)
-        if server is None:
-            connections = asyncio.Semaphore(self.max_connections)
-            server = self.servers[url] = Server(url, healthy, added_at=time.time(), connections=connections)
-            log.info("backend %s added", url)
-            if self.events is not None:
-                self.events.follow(url)
-        return server
-
-    def follow_events(self, events: KvEvents) -> None:
-        """Read the KV-cache events of every server, those that join later too (`--kv-events`)."""
-        self.events = events
-        for url in self.servers:
-            events.follow(url)
-
-    def remove(self, url: str) -> None:
-        """The server leaves: its rollouts move to others on their next call (calls in flight finish). Its
-        idle connections are closed at once, the others as their calls end."""
-        if self.servers.pop(url, None) is not None:
-            self._calls.forget(url)
-            if self.events is not None:
-                self.events.leave(url)
-            self.prefixes.forget(url)
-            log.info("backend %s removed", url)
-
     # -- calls ----------------------------------------------------------------------------------------------
 
     async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
-        """The rollout's server (`Placement.route`). When no server takes it, the ejected ones are checked at
+        """The rollout's server (`Fleet.route`). When no server takes it, the ejected ones are checked at
         once (`revive`) before the call is refused."""
         try:
-            return await self.placement.route(rollout_id, model)
+            return await self.fleet.route(rollout_id, model)
         except BackendFailure:
             if not await self.revive():
                 raise
-        return await self.placement.route(rollout_id, model)
+        return await self.fleet.route(rollout_id, model)
 
     async def revive(self) -> bool:
         """Check every ejected server now, not at the next health check: a call that no server takes would
         be refused, and a server that came back would wait up to --health-interval for its check (a load
         balancer's panic mode). Those that pass are admitted, for every process (`revived`); whether one did.
         One check runs at a time on each server: a burst of calls waits on the same one."""
-        probes = [self._probe(s) for s in self.servers.values() if not s.healthy]
+        probes = [self._probe(s) for s in self.fleet.servers.values() if not s.healthy]
         return any(await asyncio.gather(*probes))
 
     async def _probe(self, server: Server) -> bool:
@@ -183,9 +199,6 @@ class BackendPool:
         self.revived(found)
         return True
 
-    def forget(self, rollout_id: str) -> None:
-        self.placement.forget(rollout_id)
-
     async def send(
         self, rollout_id: str, path: str, body: bytes, model: str | None = None, ahead: Ahead | None = None
     ) -> Routed:
@@ -201,12 +214,12 @@ class BackendPool:
         moved_from: str | None = None
         last_error: Exception | None = None
         deadline = time.monotonic() + self.timeout
-        for _ in range(len(self.servers)):
+        for _ in range(len(self.fleet.servers)):
             server, left = await self.route(rollout_id, model)
             moved_from = moved_from or left
             if ahead is not None:
                 compute = partial(self._compute, server, ahead)
-                await self.leaders.first(server.url, ahead, compute, partial(self._queue, server))
+                await self.fleet.leaders.first(server.url, ahead, compute, partial(self._queue, server))
             await self._connection(server)
             started = time.monotonic()
             server.in_flight += 1
@@ -247,7 +260,7 @@ class BackendPool:
             if connection.status >= 500:
                 server.errors += 1
             return Routed(server.url, BackendReply(connection, partial(_left, server)), moved_from)
-        message = f"no backend reachable ({', '.join(self.servers)}): {last_error!r}"
+        message = f"no backend reachable ({', '.join(self.fleet.servers)}): {last_error!r}"
         raise BackendFailure("unreachable", message) from last_error
 
     async def _compute(self, server: Server, ahead: Ahead) -> None:
@@ -351,7 +364,7 @@ class BackendPool:
         """POST to every healthy backend (pause, resume, weights), `done` with each that took it; 502 names
         the ones that failed."""
         failures = []
-        for server in list(self.servers.values()):
+        for server in list(self.fleet.servers.values()):
             if not server.healthy:
                 continue
             failure = await self.call_one(server.url + path, json, params)
@@ -366,7 +379,7 @@ class BackendPool:
         """POST to any healthy server that serves `model`, without routing a rollout (reads such as
         `/detokenize`); the first server that answers does."""
         last_error: Exception | None = None
-        for server in [s for s in self.servers.values() if usable(s, model)]:
+        for server in [s for s in self.fleet.servers.values() if usable(s, model)]:
             try:
                 async with self._session.post(server.url + path, json=body) as response:
                     return response.status, await response.read()
@@ -376,7 +389,7 @@ class BackendPool:
 
     async def get(self, path: str) -> tuple[int, bytes]:
         last_error: Exception | None = None
-        for server in sorted(self.servers.values(), key=lambda s: not s.healthy):
+        for server in sorted(self.fleet.servers.values(), key=lambda s: not s.healthy):
             try:
                 async with self._session.get(server.url + path) as response:
                     return response.status, await response.read()
@@ -391,19 +404,12 @@ class BackendPool:
         return await health.check(
             self._session,
             server,
-            self.weights,
+            self.fleet.weights,
             self.eject_after,
             self.call_one,
-            last=self._last_of_a_model(server),
+            last=self.fleet.last_of_a_model(server),
             connect_timeout=self.connect_timeout,
         )
-
-    def _last_of_a_model(self, server: Server) -> bool:
-        """No other healthy server serves one of its models (or, its models unknown, no other is healthy)."""
-        others = [s for s in self.servers.values() if s is not server and s.healthy]
-        if not server.models:
-            return not others
-        return any(not any(s.serves(model) for s in others) for model in server.models)
 
     async def probe_scale_out(self, url: str) -> bool | None:
         """Ask a backend for a render: 200 means exact mode works there; None if it cannot be reached."""
@@ -413,12 +419,12 @@ class BackendPool:
                 capable = response.status == 200
         except (TimeoutError, aiohttp.ClientError):
             return None
-        if url in self.servers:
-            self.servers[url].scale_out = capable
+        if url in self.fleet.servers:
+            self.fleet.servers[url].scale_out = capable
         return capable
 
-    async def exact_capable(self, rollout_id: str, model: str | None = None) -> bool:
-        server, _ = await self.route(rollout_id, model)
+    async def exact_capable(self, server: Server) -> bool:
+        """Whether `server` serves exact mode: as its start-up probe found, else asked now."""
         known = server.scale_out
         if known is None:
             known = await self.probe_scale_out(server.url)
@@ -431,8 +437,6 @@ class BackendPool:
     async def close(self) -> None:
         self._calls.close()
         await self._session.close()
-        if self.events is not None:
-            await self.events.close()
 
 
 def _left(server: Server) -> None:
