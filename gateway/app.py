@@ -32,7 +32,7 @@ from gateway.openai.protocol import ChatCompletionTokensRequest, CompletionReque
 from gateway.openai.router import router as openai_router
 from gateway.openai.router import tokens_router
 from gateway.openapi import install_docs, install_openapi
-from gateway.replicas import publish
+from gateway.replicas import adapters, publish
 from gateway.replicas.expiry import expiring
 from gateway.replicas.replica import Replica
 from gateway.responses.protocol import ResponsesRequest
@@ -197,6 +197,8 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
         by_group=settings.placement == Placement.GROUP,
         placed=lambda reason: metrics.placements.labels(reason=reason).inc(),
         kv_events=settings.kv_events,
+        lora_bases=settings.lora_bases,
+        adapter_freed=lambda: replica.keep(adapters.release(replica, fleet, engine)),
     )
     metrics.registry.register(LoadCollector(lambda: list(fleet.servers.values())))
     metrics.registry.register(LeaderCollector(fleet.leaders))
@@ -233,6 +235,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
         require_registered=settings.require_registered_rollouts,
         max_body_bytes=settings.max_body_bytes,
         local_render=local_render,
+        adapters=fleet.adapters,
         leader_first=settings.leader_first,
     )
     app.state.control = ControlContext(
@@ -245,7 +248,9 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
         settings.public_url,
         lifecycle,
     )
-    app.state.admin = AdminContext(replica, fleet, engine, recorder, settings.pause_clear_cache)
+    app.state.admin = AdminContext(
+        replica, fleet, engine, recorder, settings.pause_clear_cache, settings.lora_keep
+    )
     app.state.viewer = ViewerContext(store, TokenTexts(engine))
     return Started(store, fleet, engine, replica, local_render, metrics, traffic, lifecycle, spans)
 

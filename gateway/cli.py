@@ -28,13 +28,14 @@ except ModuleNotFoundError as missing:  # an install for the store's reads alone
         "pip install 'rl-gateway[server]'"
     ) from None
 
-_REPEATABLE = ("backend", "local_render", "kv_events")
+_REPEATABLE = ("backend", "local_render", "kv_events", "lora_policy")
 """Settings given once per item (one flag each)."""
 _METAVARS = {
     "backend": "URL",
     "local_render": "'MODEL [ARGS]'",
     "backend_file": "FILE",
     "kv_events": "[URL=]ENDPOINT",
+    "lora_policy": "NAME=BASE",
     "db": "URL",
     "public_url": "URL",
     "otlp_endpoint": "URL",

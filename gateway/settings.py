@@ -226,6 +226,22 @@ class Settings(BaseSettings):
         "the calls it sent each server.",
         json_schema_extra=_in(Group.BACKENDS),
     )
+    lora_policy: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="A LoRA policy: `NAME=BASE`, an adapter the servers of the model BASE serve, which "
+        "agents ask for as `model: NAME`; repeat the flag (the variable: comma-separated) for several. Its "
+        "versions are published with POST /admin/adapters; each call runs on the live one and its turn "
+        "records it.",
+        json_schema_extra=_in(Group.BACKENDS),
+    )
+    lora_keep: int = Field(
+        default=2,
+        ge=1,
+        description="Versions of each LoRA policy kept loaded on the servers, the live one included; older "
+        "ones are unloaded once no call holds them. The servers' --max-loras should hold every policy's "
+        "window (policies times this).",
+        json_schema_extra=_in(Group.BACKENDS),
+    )
     leader_first: bool = Field(
         default=True,
         description="The first call of a rollout in a declared group (group_size over 1) has its server "
@@ -488,6 +504,29 @@ class Settings(BaseSettings):
             return [without_user_info(str(v).strip().rstrip("/")) for v in value]
         return value
 
+    @field_validator("lora_policy", mode="before")
+    @classmethod
+    def _split_lora_policies(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            value = [str(v).strip() for v in value]
+            names = [entry.partition("=")[0] for entry in value]
+            for entry in value:
+                name, _, base = entry.partition("=")
+                if not _NAME.fullmatch(name) or not base:
+                    raise ValueError(f"{entry!r}: not NAME=BASE (a policy name without '@', ',' or '=')")
+                if name == base:
+                    raise ValueError(f"{entry!r}: a LoRA policy is served on another model than itself")
+                if names.count(name) > 1:
+                    raise ValueError(f"{name!r}: named twice")
+        return value
+
+    @property
+    def lora_bases(self) -> dict[str, str]:
+        """Each LoRA policy's base model."""
+        return {name: base for name, _, base in (entry.partition("=") for entry in self.lora_policy)}
+
     @field_validator("kv_events", mode="before")
     @classmethod
     def _split_kv_events(cls, value: object) -> object:
@@ -503,6 +542,8 @@ class Settings(BaseSettings):
         return value
 
 
+_NAME = re.compile(r"[^\x00-\x20\x7f@,=]{1,64}")
+"""A LoRA policy's name: what agents send as `model`, and the first part of its versions' names."""
 _TCP = re.compile(r"tcp://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
 _IPC = re.compile(r"ipc://[^\x00-\x1f\x7f]+")
 

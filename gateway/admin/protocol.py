@@ -30,6 +30,16 @@ class PolicyVersionRequest(RequestModel):
     """A label of the weights (no control characters: PostgreSQL's text takes no NUL)."""
 
 
+class AdapterRequest(RequestModel):
+    policy: Annotated[str, Field(min_length=1, max_length=64)]
+    """A LoRA policy of the gateway (--lora-policy NAME=BASE)."""
+    version: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x20\x7f]+$")]
+    """Its new version's label: recorded with every turn it samples (no spaces or control characters)."""
+    path: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    """The adapter's directory (PEFT's format), as every server reads it: one of its own for each version,
+    never written again."""
+
+
 class BackendRequest(RequestModel):
     url: Annotated[
         str, Field(pattern=r"^https?://[!-.0-~][!-~]*$", max_length=256), AfterValidator(without_user_info)
@@ -71,6 +81,27 @@ class BackendView(BaseModel):
     reloads: int
     """Weight reloads it has done (`/admin/reload_weights`); a server added or re-admitted later catches up
     before it takes calls."""
+    adapter_errors: dict[str, str]
+    """LoRA versions it failed to load, and why: it takes none of their policy's calls until a health check
+    loads them."""
+
+
+class AdapterView(BaseModel):
+    """A LoRA policy's version the servers hold (`POST /admin/adapters`)."""
+
+    policy: str
+    version: str
+    name: str
+    """Its name on the servers (vLLM's lora_name)."""
+    path: str
+    live: bool
+    """The version its policy's new calls go to."""
+    retired: bool
+    """Past the keep window (--lora-keep): unloaded once no call holds it."""
+    calls: int
+    """Calls in flight on it, every live process's added up."""
+    backends: list[str]
+    """The servers that hold it."""
 
 
 class WorkerView(BaseModel):
@@ -107,6 +138,7 @@ class AdminState(BaseModel):
     waiting: int
     """Agent calls held by the pause."""
     policy_version: str
+    adapters: list[AdapterView]
     backends: list[BackendView]
     workers: list[WorkerView]
     """The gateway's processes, this one first, then the others (alive or not, until an hour after their last

@@ -6,7 +6,13 @@ from fastapi import APIRouter, Depends, Query
 
 from gateway.admin import service
 from gateway.admin.context import AdminContext, admin_context
-from gateway.admin.protocol import AdminState, BackendRequest, PauseRequest, PolicyVersionRequest
+from gateway.admin.protocol import (
+    AdapterRequest,
+    AdminState,
+    BackendRequest,
+    PauseRequest,
+    PolicyVersionRequest,
+)
 from gateway.auth import require_admin
 from gateway.errors import error_responses
 
@@ -42,6 +48,14 @@ async def policy_version(
 async def reload_weights(admin: AdminContext = Depends(admin_context)) -> AdminState:
     """Have every backend reload the weights from its model directory (a weight sync through the disk)."""
     return await service.reload_weights(admin)
+
+
+@router.post("/adapters", response_model=AdminState, responses=error_responses(400, 404, 409, 422, 503))
+async def publish_adapter(body: AdapterRequest, admin: AdminContext = Depends(admin_context)) -> AdminState:
+    """Publish a LoRA policy's new version: loaded on every server of its base, then the version its new calls
+    go to; calls in flight finish on theirs. No pause. A server that cannot load it takes none of the policy's
+    calls until it can (its `adapter_errors`)."""
+    return await service.publish_adapter(admin, body.policy, body.version, body.path)
 
 
 @router.get("/state", response_model=AdminState)

@@ -7,18 +7,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from gateway.admin.context import AdminContext
-from gateway.admin.protocol import AdminState, BackendView, WorkerView
+from gateway.admin.protocol import AdapterView, AdminState, BackendView, WorkerView
 from gateway.errors import ApiError
 from gateway.fleet.kv_events import KvEvents
 from gateway.fleet.prefixes import PrefixIndex
 from gateway.fleet.servers import Server
 from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY, WEIGHT_VERSION
-from gateway.replicas import publish
+from gateway.replicas import adapters, publish
 from gateway.store.processes import ProcessRow
-from gateway.store.run_state import PauseMode, RunState, ServerEntry
+from gateway.store.run_state import AdapterVersion, PauseMode, RunState, ServerEntry
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,33 @@ async def admin_state(admin: AdminContext) -> AdminState:
         in_flight=sum(row.in_flight for row in alive),
         waiting=sum(row.waiting for row in alive),
         policy_version=admin.recorder.policy_version,
+        adapters=_adapter_views(admin, alive),
         backends=[
             _backend_view(server, alive, admin.fleet.prefixes, admin.fleet.events)
             for server in admin.fleet.servers.values()
         ],
         workers=[_worker_view(row, timeout) for row in rows],
     )
+
+
+def _adapter_views(admin: AdminContext, alive: list[ProcessRow]) -> list[AdapterView]:
+    adapters = admin.fleet.adapters
+    calls: Counter[str] = Counter()
+    for row in alive:
+        calls.update(row.adapter_holds)
+    return [
+        AdapterView(
+            policy=v.policy,
+            version=v.version,
+            name=v.name,
+            path=v.path,
+            live=adapters.live(v.policy) == v,
+            retired=v.retired,
+            calls=calls[v.name],
+            backends=[s.url for s in admin.fleet.servers.values() if v.name in s.models],
+        )
+        for v in adapters.versions
+    ]
 
 
 def _backend_view(
@@ -193,6 +215,15 @@ async def reload_weights(admin: AdminContext) -> AdminState:
 
 def _into(urls: list[str]) -> Callable[[Server], None]:
     return lambda server: urls.append(server.url)
+
+
+async def publish_adapter(admin: AdminContext, policy: str, version: str, path: str) -> AdminState:
+    """Load a LoRA policy's new version on its servers and make it the live one; retire and unload the
+    versions past the keep window once no call holds them."""
+    new = AdapterVersion(policy=policy, version=version, path=path)
+    await adapters.publish(admin.replica, admin.fleet, admin.engine, new, admin.lora_keep)
+    await adapters.release(admin.replica, admin.fleet, admin.engine)
+    return await admin_state(admin)
 
 
 async def add_backend(admin: AdminContext, url: str) -> AdminState:

@@ -157,6 +157,9 @@ class TurnView(BaseModel):
     """The server the rollout was moved off for this call (it failed, was drained away or removed)."""
     policy_version: str | None
     policy_version_end: str | None
+    adapter: str | None
+    """The LoRA adapter version that sampled it, by its name on the servers (`agent@3`: `model` is its policy,
+    `policy_version` its version); null for a model's own weights."""
     cache_kept: bool | None
     """For a turn that spanned a weight update (its policy versions differ): whether the servers kept their
     KV caches through it (its tokens after the update attend to keys and values of the previous weights), or

@@ -88,6 +88,10 @@ class Engine(Protocol):
         """POST to every healthy server (pause, resume, weights)."""
         ...
 
+    async def call_one(self, url: str, body: object, params: dict[str, str] | None = None) -> str | None:
+        """POST to one server (`url`: its base URL and path); what went wrong, or None."""
+        ...
+
     async def post_any(self, path: str, body: object, model: str | None) -> tuple[int, bytes]:
         """POST to any healthy server that serves `model`, without routing a rollout."""
         ...
@@ -196,6 +200,7 @@ class EngineClient:
         server.models, server.prefix_cache_hit_rate = found.models, found.prefix_cache_hit_rate
         if found.weights is not None:
             server.reloads, server.weight_version = found.weights.reloads, found.weights.version
+        server.adapter_errors = found.adapter_errors
         self.revived(found)
         return True
 
@@ -405,6 +410,7 @@ class EngineClient:
             self._session,
             server,
             self.fleet.weights,
+            self.fleet.adapters,
             self.eject_after,
             self.call_one,
             last=self.fleet.last_of_a_model(server),

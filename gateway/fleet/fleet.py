@@ -2,7 +2,9 @@
 server each rollout is pinned to (`gateway.fleet.placement`), the groups' prompts computed ahead
 (`gateway.fleet.leaders`), the fleet's weights, and what each server's prefix cache holds (read from the
 servers' KV-cache events with --kv-events). `gateway.replicas.apply` keeps the servers as the run state says;
-calls reach them through `gateway.fleet.engine`, which routes through the fleet."""
+calls reach them through `gateway.fleet.engine`, which routes through the fleet. The LoRA policies' adapters
+(`gateway.fleet.adapters`) are part of it: a server serves a version once its models list the version's
+name."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from gateway.fleet.adapters import FleetAdapters
 from gateway.fleet.kv_events import KvEvents
 from gateway.fleet.leaders import Leaders
 from gateway.fleet.placement import PinStore, Placed, Placement
@@ -32,10 +35,13 @@ class Fleet:
         by_group: bool = True,
         placed: Placed = lambda _reason: None,
         kv_events: list[str] | None = None,
+        lora_bases: dict[str, str] | None = None,
+        adapter_freed: Callable[[], None] = lambda: None,
     ) -> None:
         """`left`: told of each server that leaves (the engine client closes its idle connections to it).
         `pins`, `by_group`, `placed`: how rollouts are placed (`Placement`). `kv_events`: the servers'
-        KV-cache event endpoints to read (--kv-events)."""
+        KV-cache event endpoints to read (--kv-events). `lora_bases`: each LoRA policy's base model
+        (--lora-policy); `adapter_freed`: told when this process's last call on a retired version ended."""
         if not urls:
             raise ValueError("at least one backend URL is required")
         self.max_connections = max_connections
@@ -51,6 +57,7 @@ class Fleet:
         self.placement = Placement(self.servers, self.prefixes, pins, by_group=by_group, placed=placed)
         self.leaders = Leaders()
         self.weights = FleetWeights()
+        self.adapters = FleetAdapters(dict(lora_bases or {}), freed=adapter_freed)
 
     @property
     def urls(self) -> list[str]:

@@ -13,11 +13,12 @@ round.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import aiohttp
 
+from gateway.fleet.adapters import Call, FleetAdapters, load
 from gateway.fleet.servers import Server
 from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY, WEIGHT_VERSION, FleetWeights
 
@@ -25,9 +26,6 @@ log = logging.getLogger(__name__)
 
 _CHECK_SECONDS = 5.0
 _CHECK_TIMEOUT = aiohttp.ClientTimeout(total=_CHECK_SECONDS)
-
-Call = Callable[[str, object], Awaitable[str | None]]
-"""POST (url, body) to a server: what went wrong, or None (`EngineClient.call_one`)."""
 
 
 @dataclass
@@ -42,12 +40,18 @@ class Found:
     healthy: bool | None = None
     weights: FleetWeights | None = None
     """The weights it was given to catch up with the other servers."""
+    adapters_checked: frozenset[str] = frozenset()
+    """The LoRA versions the check made sure of (loaded where missing): the run state takes `models` and
+    `adapter_errors` for those; a version published while the check ran is not undone by it."""
+    adapter_errors: dict[str, str] = field(default_factory=dict)
+    """Those of them it failed to load, and why."""
 
 
 async def check(
     session: aiohttp.ClientSession,
     server: Server,
     weights: FleetWeights,
+    adapters: FleetAdapters,
     eject_after: int,
     call: Call,
     *,
@@ -55,7 +59,8 @@ async def check(
     connect_timeout: float,
 ) -> Found:
     """One health check of `server` (its `failed_checks` count the failures in a row); `call` gives a
-    returning server the weights it missed; `last`: no other healthy server serves one of its models."""
+    returning server the weights it missed, and any server the live LoRA versions it lacks (one that
+    restarted, or failed to load one before); `last`: no other healthy server serves one of its models."""
     was_healthy = server.healthy
     found = Found(server.url, server.models, server.prefix_cache_hit_rate)
     failure = await _failure(session, server, connect_timeout)
@@ -78,6 +83,7 @@ async def check(
     except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError) as exc:
         log.debug("backend %s: no models or metrics (%r)", server.url, exc)
     server.failed_checks = 0
+    await _hold_adapters(call, server, found, adapters)
     if was_healthy:
         return found
     missed = await _catch_up(call, server, weights)
@@ -112,6 +118,24 @@ async def _catch_up(call: Call, server: Server, weights: FleetWeights) -> str | 
     if weights.version is not None and server.weight_version != weights.version:
         return await call(server.url + WEIGHT_VERSION, {"new_version": weights.version})
     return None
+
+
+async def _hold_adapters(call: Call, server: Server, found: Found, adapters: FleetAdapters) -> None:
+    """Load the live LoRA versions the server serves the base of and does not list (its models, when it
+    listed them; else what the run state says it holds)."""
+    wanted = adapters.serving(found.models)
+    found.adapters_checked = frozenset(v.name for v in wanted)
+    for version in wanted:
+        if version.name in found.models:
+            continue
+        failure = await load(call, server.url, version)
+        if failure is None:
+            found.models |= {version.name}
+            log.info("backend %s: loaded LoRA version %s", server.url, version.name)
+        else:
+            found.adapter_errors[version.name] = failure
+            if version.name not in server.adapter_errors:
+                log.warning("backend %s cannot load LoRA version %s: %s", server.url, version.name, failure)
 
 
 async def _models(session: aiohttp.ClientSession, server: Server) -> frozenset[str]:

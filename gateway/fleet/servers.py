@@ -51,6 +51,9 @@ class Server:
     """The fleet's weight reloads it has done (`Fleet.weights` when current)."""
     weight_version: str | None = None
     """The weight version it was given (None: never)."""
+    adapter_errors: dict[str, str] = field(default_factory=dict)
+    """Adapter versions it failed to load, and why: it serves none of their policy's calls until a retry
+    loads them."""
     scale_out: bool | None = None
     """Whether it serves vLLM's token-in/token-out endpoints (exact mode), once known."""
     added_at: float = field(default=0.0)
@@ -80,4 +83,5 @@ class Server:
             "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "weight_version": self.weight_version,
             "reloads": self.reloads,
+            "adapter_errors": dict(self.adapter_errors),
         }

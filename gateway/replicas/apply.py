@@ -1,5 +1,5 @@
 """This process holding the run state: what it holds now, and taking a newer one (its pause, policy version,
-weights and servers with their health)."""
+weights, adapter versions and servers with their health)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def held_by(fleet: Fleet, traffic: Traffic, recorder: Recorder, epoch: int = 0) 
         cache_kept=recorder.cache_kept,
         reloads=fleet.weights.reloads,
         weight_version=fleet.weights.version,
+        adapters=list(fleet.adapters.versions),
         servers=[_entry(server) for server in fleet.servers.values()],
     )
 
@@ -33,6 +34,7 @@ def _entry(server: Server) -> ServerEntry:
         prefix_cache_hit_rate=server.prefix_cache_hit_rate,
         reloads=server.reloads,
         weight_version=server.weight_version,
+        adapter_errors=dict(server.adapter_errors),
     )
 
 
@@ -45,11 +47,13 @@ def adopt(state: RunState, fleet: Fleet, traffic: Traffic, recorder: Recorder) -
     recorder.policy_version = state.policy_version
     recorder.cache_kept = state.cache_kept
     fleet.weights = FleetWeights(state.reloads, state.weight_version)
+    fleet.adapters.versions = list(state.adapters)
     for entry in state.servers:
         server = fleet.add(entry.url)
         server.draining, server.healthy = entry.draining, entry.healthy
         server.models, server.prefix_cache_hit_rate = frozenset(entry.models), entry.prefix_cache_hit_rate
         server.reloads, server.weight_version = entry.reloads, entry.weight_version
+        server.adapter_errors = dict(entry.adapter_errors)
     wanted = {entry.url for entry in state.servers}
     for url in [url for url in fleet.servers if url not in wanted]:
         fleet.remove(url)

@@ -1,4 +1,5 @@
-"""What the leading process finds of the fleet becomes the run state: health checks each --health-interval,
+"""What the leading process finds of the fleet becomes the run state: health checks each --health-interval
+(which also load the live LoRA versions a server lacks, and unload retired ones no call holds),
 the servers a --backend-file lists, and (from any process) a server a call could not connect to or one a call
 that no server took found back (`EngineClient.revive`): `ejected` and `found` are the engine client's, as
 `gateway.app.wire` builds it."""
@@ -13,6 +14,7 @@ from gateway.fleet.engine import Engine
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.health import Found
 from gateway.fleet.servers import Server
+from gateway.replicas import adapters
 from gateway.replicas.replica import Replica
 from gateway.store.run_state import RunState, ServerEntry
 
@@ -31,6 +33,7 @@ async def checked(
                     await listed(replica, listing.changed())
                 servers = list(fleet.servers.values())
                 await found(replica, *await asyncio.gather(*map(engine.check, servers)))
+                await adapters.release(replica, fleet, engine)
             except Exception as exc:  # the store or a server failed this round: the next one tries again
                 log.warning("health checks failed to publish: %r", exc)
         await asyncio.sleep(interval)
@@ -44,7 +47,11 @@ async def found(replica: Replica, *findings: Found) -> None:
             entry = state.server(seen.url)
             if entry is None:  # removed meanwhile
                 continue
-            entry.models, entry.prefix_cache_hit_rate = sorted(seen.models), seen.prefix_cache_hit_rate
+            published = {v.name for v in state.adapters} - seen.adapters_checked  # since the check began
+            kept = {name for name in entry.models if name in published}
+            entry.models, entry.prefix_cache_hit_rate = sorted(seen.models | kept), seen.prefix_cache_hit_rate
+            unchecked = {k: v for k, v in entry.adapter_errors.items() if k not in seen.adapters_checked}
+            entry.adapter_errors = unchecked | seen.adapter_errors
             if seen.healthy is not None:
                 entry.healthy = seen.healthy
             if seen.weights is not None:

@@ -334,6 +334,7 @@ class Replica:
                 s.url: ServerLoad(in_flight=s.in_flight, requests=s.requests, errors=s.errors)
                 for s in list(self._fleet.servers.values())
             },
+            adapter_holds=dict(self._fleet.adapters.holds),
             metrics=samples(self._metrics.registry) if send_metrics else None,
         )
 

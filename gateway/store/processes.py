@@ -42,6 +42,8 @@ class ProcessReport(BaseModel):
     ended: int
     """Agent calls that have ended since it started."""
     loads: dict[str, ServerLoad]
+    adapter_holds: dict[str, int] = {}
+    """Its calls in flight on each LoRA adapter version (a version is unloaded once no process holds it)."""
     metrics: dict[str, Any] | None = None
     """Its Prometheus samples (`gateway.metrics.samples`); None: unchanged since the last."""
 
@@ -103,7 +105,13 @@ def processes(conn: Connection) -> list[ProcessRow]:
     at = now(conn)
     rows = conn.execute(select(p).order_by(p.c.started_at)).mappings()
     return [
-        ProcessRow.model_validate({**row, "heartbeat_age": max(at - row["heartbeat_at"], 0.0)})
+        ProcessRow.model_validate(
+            {
+                **row,
+                "adapter_holds": row["adapter_holds"] or {},
+                "heartbeat_age": max(at - row["heartbeat_at"], 0.0),
+            }
+        )
         for row in rows
     ]
 

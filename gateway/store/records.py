@@ -52,6 +52,8 @@ class TurnRecord:
     policy_version_end: str | None = None
     """The policy version when the turn finished: differs from `policy_version` if weights changed
     meanwhile."""
+    adapter: str | None = None
+    """The LoRA adapter version that sampled it (its name on the servers); None: the model's own weights."""
     cache_kept: bool | None = None
     """For a turn that spanned a weight update: whether the servers kept their caches through it."""
     plain_prompt_ids: np.ndarray | None = None

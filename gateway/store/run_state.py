@@ -22,6 +22,22 @@ CHANNEL = "gateway_run_state"
 PauseMode = Literal["wait", "abort", "keep"]
 
 
+class AdapterVersion(BaseModel, frozen=True):
+    """One published version of a LoRA policy (`gateway.fleet.adapters`)."""
+
+    policy: str
+    version: str
+    path: str
+    """Where every server reads it: a directory in PEFT's format, never written again."""
+    retired: bool = False
+    """Past the keep window (--lora-keep): no call goes to it; it is unloaded once no call holds it."""
+
+    @property
+    def name(self) -> str:
+        """Its name on the servers (vLLM's `lora_name`): the model its calls ask vLLM for."""
+        return f"{self.policy}@{self.version}"
+
+
 class ServerEntry(BaseModel):
     """A vLLM server of the fleet as the run state holds it."""
 
@@ -36,6 +52,9 @@ class ServerEntry(BaseModel):
     """The weight reloads this server has done."""
     weight_version: str | None = None
     """The weight version it was given (None: never)."""
+    adapter_errors: dict[str, str] = {}
+    """Adapter versions it failed to load, with the reason: it serves no call of their policy until a retry
+    loads them (its models list the versions it holds)."""
 
 
 class RunState(BaseModel):
@@ -54,6 +73,8 @@ class RunState(BaseModel):
     reloads: int = 0
     """Weight reloads the servers have done (`/admin/reload_weights`)."""
     weight_version: str | None = None
+    adapters: list[AdapterVersion] = []
+    """The LoRA policies' versions the servers hold, oldest first (`gateway.fleet.adapters`)."""
     servers: list[ServerEntry]
 
     def server(self, url: str) -> ServerEntry | None:
@@ -80,8 +101,13 @@ def read_run_state(conn: Connection, *, for_update: bool = False) -> RunState | 
         cache_kept=row["cache_kept"],
         reloads=row["reloads"],
         weight_version=row["weight_version"],
-        servers=[ServerEntry.model_validate(dict(server._mapping)) for server in servers],
+        adapters=row["adapters"] or [],
+        servers=[_entry(dict(server._mapping)) for server in servers],
     )
+
+
+def _entry(row: dict[str, object]) -> ServerEntry:
+    return ServerEntry.model_validate(row | {"adapter_errors": row["adapter_errors"] or {}})
 
 
 def epoch(conn: Connection) -> int:

@@ -145,6 +145,9 @@ turns = Table(
     Column("repinned_from", String(256)),
     Column("policy_version", String(64)),
     Column("policy_version_end", String(64)),
+    # The LoRA adapter version that sampled the turn, by its name on the servers (`agent@3`; its policy is
+    # `model`, its version `policy_version`); null for a call to a model's own weights.
+    Column("adapter", String(160)),
     Column("weight_versions", Json),
     # A turn that spanned a weight update (policy_version_end differs): whether the servers kept their KV
     # cache through it (true: its tokens after the update attend to keys and values the previous weights
@@ -241,6 +244,8 @@ run_state = Table(
     # Weight reloads the servers have done, and the weight version they were given (null: never).
     Column("reloads", Integer, nullable=False),
     Column("weight_version", String(64)),
+    # The LoRA policies' versions the servers hold, oldest first: [{policy, version, path, retired}].
+    Column("adapters", Json),
     Column("changed_at", Float, nullable=False),
 )
 
@@ -258,6 +263,9 @@ fleet_servers = Table(
     # them.
     Column("reloads", Integer, nullable=False),
     Column("weight_version", String(64)),
+    # Adapter versions it failed to load, with the reason ({name: reason}): it serves none of their policy's
+    # calls until a retry loads them.
+    Column("adapter_errors", Json),
     Column("added_at", Float, nullable=False),
 )
 
@@ -288,5 +296,7 @@ gateway_processes = Table(
     Column("ended", BigInteger, nullable=False),
     # Its load per server, and its Prometheus samples: GET /admin/state and /metrics add up every process's.
     Column("loads", Json),
+    # Its calls in flight on each LoRA adapter version ({name: calls}).
+    Column("adapter_holds", Json),
     Column("metrics", Json),
 )

@@ -33,6 +33,9 @@ class Asked:
 
     token_ids: bool
     logprobs: bool
+    model: str | None = None
+    """The model the agent asked for, when vLLM was asked another (a LoRA policy's version): the agent gets
+    its own name back."""
 
 
 @dataclass
@@ -143,6 +146,8 @@ class TurnCapture:
 
         Without the capture flags vLLM still sends these keys, with null values; so does the gateway.
         """
+        if asked.model is not None:
+            payload["model"] = asked.model
         choices = payload.get("choices") or ()
         if not asked.token_ids:
             if "prompt_token_ids" in payload:
@@ -291,6 +296,8 @@ class ChatCapture(TurnCapture):
             self.prompt_ids = prompt
         if prompt is not None and not asked.token_ids:
             chunk["prompt_token_ids"] = None
+        if asked.model is not None:
+            chunk["model"] = asked.model
         choices = chunk.get("choices")
         if not choices:
             return True

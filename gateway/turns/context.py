@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 
+from gateway.fleet.adapters import FleetAdapters
 from gateway.fleet.engine import Engine
 from gateway.store.records import Limits
 from gateway.store.status import Mode
@@ -31,6 +32,8 @@ class TurnContext:
     max_body_bytes: int
     local_render: LocalRenders
     """Exact mode's renderers in the gateway's process (`--local-render`); the backend renders the rest."""
+    adapters: FleetAdapters = field(default_factory=FleetAdapters)
+    """The LoRA policies and their versions (the fleet's)."""
     leader_first: bool = False
     """Whether a group's first call has its prompt computed ahead of its siblings' (`--leader-first`)."""
 

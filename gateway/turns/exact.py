@@ -66,7 +66,8 @@ async def _render(ctx: TurnContext, capture: ChatCapture, body: dict[str, Any]) 
         rendered = await post_json(ctx.engine, capture, body, RENDER)
         return list(rendered["token_ids"])
 
-    return await ctx.local_render.render(capture.record.model, body, backend_render)
+    model = capture.record.model  # an adapter renders as its base model does
+    return await ctx.local_render.render(ctx.adapters.bases.get(model or "", model), body, backend_render)
 
 
 async def _closing(

@@ -23,6 +23,7 @@ from gateway.fleet.leaders import Ahead
 from gateway.fleet.replies import BackendReply, BackendStreamError
 from gateway.store.records import RolloutState, TurnRecord
 from gateway.store.status import Mode
+from gateway.turns.adapters import live_version
 from gateway.turns.admission import Refusal, cap_reply, check_context_limit, check_turn_limit, limits_of
 from gateway.turns.admission import prompt_tokens as count_prompt
 from gateway.turns.capture import Asked, ChatCapture, TurnCapture
@@ -99,12 +100,19 @@ async def forward(
     ctx.recorder.in_flight(+1)
     ctx.recorder.timed("admission", call.received)
     streaming = False
+    held: str | None = None
     sampling = merged(ctx.sampling, rollout.sampling if rollout is not None else None)
     call = replace(call, body=imposed(call.body, sampling))
     try:
         capture = capture_cls(new_record(ctx, rollout_id, capture_cls, call))
         upstream, asked = capture.inject(call.body, call.parsed)
         try:
+            adapter = live_version(ctx.adapters, capture.record)
+            if adapter is not None:  # held until the call ends: its version stays loaded meanwhile
+                ctx.adapters.hold(adapter.name)
+                held = adapter.name
+                upstream["model"], asked = adapter.name, replace(asked, model=capture.record.model)
+                call = replace(call, body=call.body | {"model": adapter.name})  # its renders and counts too
             response = await _turn(ctx, rollout, capture, call, upstream, asked, wire)
         except Refusal as refusal:
             await ctx.recorder.refused(capture, refusal.limit, refusal.message)
@@ -118,7 +126,7 @@ async def forward(
         return response
     finally:
         if not streaming:
-            _leave(ctx)
+            _leave(ctx, held)
 
 
 async def _turn(
@@ -162,20 +170,24 @@ async def _turn(
     if call.stream:
         reply = await send(ctx.engine, capture, upstream, ahead=ahead)
         chunks = _chunks(ctx.recorder, capture, reply, asked, wire, sent)
-        return RelayResponse(relay(ctx.recorder, capture, reply, chunks, wire), partial(_leave, ctx))
+        ended = partial(_leave, ctx, capture.record.adapter)
+        return RelayResponse(relay(ctx.recorder, capture, reply, chunks, wire), ended)
     return await _whole(ctx, capture, upstream, asked, wire, sent, ahead)
 
 
 async def _exact_capable(ctx: TurnContext, capture: ChatCapture) -> bool:
     """Whether the server the rollout is pinned to serves exact mode; the rollout is pinned first (its turn
     goes there next)."""
-    server, _ = await ctx.engine.route(capture.record.rollout_id, capture.record.model)
+    record = capture.record
+    server, _ = await ctx.engine.route(record.rollout_id, record.adapter or record.model)
     return await ctx.engine.exact_capable(server)
 
 
-def _leave(ctx: TurnContext) -> None:
+def _leave(ctx: TurnContext, adapter: str | None) -> None:
     ctx.traffic.leave()
     ctx.recorder.in_flight(-1)
+    if adapter is not None:
+        ctx.adapters.release(adapter)
 
 
 async def _whole(

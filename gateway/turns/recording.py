@@ -126,7 +126,8 @@ class Recorder:
         for record in records:
             record.status = status
             record.error = message
-            record.policy_version_end = self.policy_version
+            if record.adapter is None:  # an adapter version's weights never change
+                record.policy_version_end = self.policy_version
             record.finished_at = time.time()
             self._spanned(record)
         return records

@@ -85,7 +85,8 @@ async def relay(
     for record in records:
         record.finished_at = time.time()
         record.http_status = 200
-        record.policy_version_end = version
+        if record.adapter is None:  # an adapter version's weights never change
+            record.policy_version_end = version
     try:
         await recorder.commit(records)
     except (ApiError, StoreError) as exc:

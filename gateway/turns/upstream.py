@@ -27,7 +27,8 @@ async def send(
     a group's first call sends before it (`gateway.fleet.leaders`)."""
     record = capture.record
     try:
-        routed = await engine.send(record.rollout_id, path or capture.path, dumps(body), record.model, ahead)
+        model = record.adapter or record.model  # a server serves a LoRA policy's version once it lists it
+        routed = await engine.send(record.rollout_id, path or capture.path, dumps(body), model, ahead)
         record.backend, reply = routed.url, routed.reply
         record.repinned_from = record.repinned_from or routed.repinned_from
     except BackendFailure as exc:

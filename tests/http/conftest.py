@@ -76,7 +76,8 @@ async def start(tmp_path: Path, empty_store: Path) -> AsyncIterator[Callable[...
             url = f"sqlite:///{path}"
             store, scripted = Store(url), Scripted()
             stack.callback(store.close)
-            app = create_app(Settings(db=url, backend=[URL], **settings), store=store, engine=scripted)
+            settings = {"db": url, "backend": [URL]} | settings
+            app = create_app(Settings(**settings), store=store, engine=scripted)
             await stack.enter_async_context(app.router.lifespan_context(app))
             transport = httpx.ASGITransport(app=app)
             client = await stack.enter_async_context(

@@ -87,6 +87,7 @@ class FakeEngine:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.detokenize_failure: BackendFailure | None = None
         self._replies: defaultdict[str, deque[FakeReply | BackendFailure]] = defaultdict(deque)
+        self._failures: defaultdict[str, deque[str]] = defaultdict(deque)
         self.aheads: list[tuple[str, Ahead]] = []
         """The calls that led their group's, with what they sent ahead."""
 
@@ -131,6 +132,16 @@ class FakeEngine:
         for server in list(self.fleet.servers.values()):
             if server.healthy:
                 done(server)
+
+    async def call_one(self, url: str, body: object, params: dict[str, str] | None = None) -> str | None:
+        """The failure queued for `url` (a server's URL and path), else success."""
+        self.requests.append((url, body if isinstance(body, dict) else {}))
+        failures = self._failures[url]
+        return failures.popleft() if failures else None
+
+    def fail(self, url: str, failure: str) -> None:
+        """The next `call_one` to `url` (a server's URL and path) fails with `failure`."""
+        self._failures[url].append(failure)
 
     async def post_any(self, path: str, body: Any, model: str | None) -> tuple[int, bytes]:
         """`/detokenize` of one id: the engine's text of it is `<id>`."""
