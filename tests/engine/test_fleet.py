@@ -29,10 +29,10 @@ HEALTH = ("--health-interval", "0.5")
 
 @pytest.fixture(scope="module")
 def fleet(engines: SessionEngines, teacher_vllm, trainable_vllm) -> list[VLLMServer]:
-    """Two servers of the policy ("tiny") of this module's own (`engines.fleet_engine`; the last test kills
-    one and restarts it), the session's teacher as a side model ("teacher"), and the session's trainable
-    server, a third of the policy that the last test adds at run time (the others use it with the session's
-    server for a fleet of four)."""
+    """Two servers of the policy ("tiny") of this module's own (`engines.fleet_engine`, with LoRA adapters up
+    to rank 16 and 8; the last test kills one and restarts it), the session's teacher as a side model
+    ("teacher"), and the session's trainable server, a third of the policy that the last test adds at run
+    time (the others use it with the session's server for a fleet of four)."""
     return [engines.get("fleet_a"), engines.get("fleet_b"), teacher_vllm, trainable_vllm]
 
 

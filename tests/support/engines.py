@@ -18,7 +18,7 @@ from typing import Any
 
 from testbed.families import FAMILIES
 from testbed.tiny_model import LONG_CONTEXT, build_tiny_model
-from testbed.vllm_server import VLLMServer
+from testbed.vllm_server import LoRA, VLLMServer
 
 from support import TEACHER_CONTEXT, VLLM_KEY
 
@@ -158,16 +158,22 @@ def tied_engine(engines: SessionEngines, name: str) -> VLLMServer:
     return VLLMServer(model, log_path=engines.work_dir / "vllm-tied.log", extra_args=["--enforce-eager"])
 
 
+FLEET_LORA = {"fleet_a": LoRA(max_rank=16), "fleet_b": LoRA(max_rank=8)}
+"""The fleet's servers take LoRA adapters loaded at run time, up to rank 16 on fleet_a but only 8 on fleet_b:
+a rank-16 adapter loads on one and fails to load on the other, a real failure of one server."""
+
+
 def fleet_engine(engines: SessionEngines, name: str) -> VLLMServer:
     """One of the fleet's own servers of the policy ("tiny"; its last test kills one), publishing its
-    KV-cache events. Eager (no compiled graphs): it starts without compiling, and the fleet's calls ask for a
-    few tokens each."""
+    KV-cache events, serving LoRA adapters (`FLEET_LORA`). Eager (no compiled graphs): it starts without
+    compiling, and the fleet's calls ask for a few tokens each."""
     return VLLMServer(
         engines.model_dir,
         log_path=engines.work_dir / f"vllm-{name}.log",
         served_model_name="tiny",
         extra_args=["--enforce-eager"],
         kv_events=True,
+        lora=FLEET_LORA[name],
     )
 
 
