@@ -1,5 +1,6 @@
 """Weight sync from the trainer's side: pause the gateway (and through it every vLLM backend), let the
-caller push new weights, tag them with a new policy version, resume."""
+caller push new weights, tag them with a new policy version, resume; or, for a LoRA policy, publish the new
+adapter version, without a pause."""
 
 from __future__ import annotations
 
@@ -42,6 +43,13 @@ class GatewayAdmin:
     def reload_weights(self) -> dict[str, Any]:
         """Every backend reloads its weights from its model directory (after the trainer wrote them there)."""
         return self._post("/reload_weights")
+
+    def publish_adapter(self, policy: str, version: str, path: str) -> dict[str, Any]:
+        """Publish a LoRA policy's new version: every server of its base loads the adapter at `path` (a
+        directory in PEFT's format that every server reads, one of its own for each version) and the policy's
+        new calls go to it; no pause. The gateway's state after it (`adapters`, and each backend's
+        `adapter_errors`)."""
+        return self._post("/adapters", {"policy": policy, "version": version, "path": path})
 
     @contextmanager
     def weight_sync(
