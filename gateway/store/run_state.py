@@ -7,6 +7,7 @@ Times are the database's clock (`clock_timestamp()`), so that hosts whose clocks
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Literal
 
@@ -34,8 +35,11 @@ class AdapterVersion(BaseModel, frozen=True):
 
     @property
     def name(self) -> str:
-        """Its name on the servers (vLLM's `lora_name`): the model its calls ask vLLM for."""
-        return f"{self.policy}@{self.version}"
+        """Its name on the servers (vLLM's `lora_name`): the model its calls ask vLLM for. It holds a digest
+        of the path, as vLLM's cache keys do: a server that holds the name (loaded by an earlier run of the
+        gateway) holds these very weights."""
+        digest = hashlib.blake2b(self.path.encode(), digest_size=4).hexdigest()
+        return f"{self.policy}@{self.version}-{digest}"
 
 
 class ServerEntry(BaseModel):

@@ -72,13 +72,13 @@ async def test_a_call_of_a_lora_policy_before_its_first_version_is_refused_and_r
 async def test_a_published_version_is_loaded_on_every_server_under_a_name_of_its_own(gw):
     state = await published(gw, "1")
 
-    assert asked(gw, A + LOAD) == [{"lora_name": "agent@1", "lora_path": "/adapters/agent-1"}]
-    assert asked(gw, B + LOAD) == [{"lora_name": "agent@1", "lora_path": "/adapters/agent-1"}]
-    assert adapters(state) == [("agent@1", True, False, [A, B])]
+    assert asked(gw, A + LOAD) == [{"lora_name": "agent@1-c1dcfbda", "lora_path": "/adapters/agent-1"}]
+    assert asked(gw, B + LOAD) == [{"lora_name": "agent@1-c1dcfbda", "lora_path": "/adapters/agent-1"}]
+    assert adapters(state) == [("agent@1-c1dcfbda", True, False, [A, B])]
     assert state["adapters"][0] | {"backends": None} == {
         "policy": "agent",
         "version": "1",
-        "name": "agent@1",
+        "name": "agent@1-c1dcfbda",
         "path": "/adapters/agent-1",
         "live": True,
         "retired": False,
@@ -96,11 +96,11 @@ async def test_a_policys_call_runs_on_its_live_version_and_the_agent_gets_the_po
 
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "agent"
-    assert asked(gw, CHAT)[0]["model"] == "agent@2"
+    assert asked(gw, CHAT)[0]["model"] == "agent@2-6e701aca"
     turn = (await gw.rollout("r1"))["turns"][0]
     assert (turn["model"], turn["adapter"], turn["policy_version"], turn["policy_version_end"]) == (
         "agent",
-        "agent@2",
+        "agent@2-6e701aca",
         "2",
         "2",
     )
@@ -134,11 +134,11 @@ async def test_a_server_that_cannot_load_a_version_takes_none_of_its_policys_cal
         gw.engine.answer(CHAT, chat_reply([4], [10, 0], "a"))
         assert (await gw.chat(rollout, model="agent")).status_code == 200
 
-    assert adapters(state) == [("agent@1", True, False, [A])]
+    assert adapters(state) == [("agent@1-c1dcfbda", True, False, [A])]
     errors = {backend["url"]: backend["adapter_errors"] for backend in state["backends"]}
     assert errors == {
         A: {},
-        B: {"agent@1": f"{B}{LOAD}: HTTP 400 LoRA rank 16 is greater than max_lora_rank 8"},
+        B: {"agent@1-c1dcfbda": f"{B}{LOAD}: HTTP 400 LoRA rank 16 is greater than max_lora_rank 8"},
     }
     backends = [(await gw.rollout(r))["turns"][0]["backend"] for r in ("r1", "r2", "r3", "r4")]
     assert backends == [A, A, A, A]
@@ -159,11 +159,11 @@ async def test_a_version_no_server_can_load_is_refused_with_their_reasons_and_th
         "code": "not_loaded",
     }
     assert answer.json()["error"]["message"] == (
-        f"no backend could load agent@2 from /adapters/agent-2: {A}{LOAD}: HTTP 404 not found; "
+        f"no backend could load agent@2-6e701aca from /adapters/agent-2: {A}{LOAD}: HTTP 404 not found; "
         f"{B}{LOAD}: HTTP 404 not found"
     )
     state = (await gw.client.get("/admin/state")).json()
-    assert adapters(state) == [("agent@1", True, False, [A, B])]
+    assert adapters(state) == [("agent@1-c1dcfbda", True, False, [A, B])]
 
 
 @pytest.mark.parametrize(
@@ -186,15 +186,18 @@ async def test_a_publish_the_gateway_cannot_take_is_refused_and_changes_nothing(
     assert (answer.status_code, answer.json()["error"]["code"]) == (status, code)
     assert len(asked(gw, A + LOAD)) == loads
     state = (await gw.client.get("/admin/state")).json()
-    assert adapters(state) == [("agent@1", True, False, [A, B])]
+    assert adapters(state) == [("agent@1-c1dcfbda", True, False, [A, B])]
 
 
 async def test_versions_past_the_keep_window_are_unloaded_from_every_server(gw):
     for version in ("1", "2", "3"):
         state = await published(gw, version)
 
-    assert adapters(state) == [("agent@2", False, False, [A, B]), ("agent@3", True, False, [A, B])]
-    assert asked(gw, A + UNLOAD) == asked(gw, B + UNLOAD) == [{"lora_name": "agent@1"}]
+    assert adapters(state) == [
+        ("agent@2-6e701aca", False, False, [A, B]),
+        ("agent@3-cf916602", True, False, [A, B]),
+    ]
+    assert asked(gw, A + UNLOAD) == asked(gw, B + UNLOAD) == [{"lora_name": "agent@1-c1dcfbda"}]
 
 
 async def test_a_retired_version_stays_loaded_until_its_last_call_ends(start):
@@ -207,11 +210,17 @@ async def test_a_retired_version_stays_loaded_until_its_last_call_ends(start):
 
     state = await published(gw, "2")
 
-    assert adapters(state) == [("agent@1", False, True, [A]), ("agent@2", True, False, [A])]
+    assert adapters(state) == [("agent@1-c1dcfbda", False, True, [A]), ("agent@2-6e701aca", True, False, [A])]
     assert [a["calls"] for a in state["adapters"]] == [1, 0]
     assert asked(gw, A + UNLOAD) == []
     release.set()
     assert (await held).status_code == 200
-    await support.until(lambda: asked(gw, A + UNLOAD) == [{"lora_name": "agent@1"}], "agent@1 unloaded")
+    await support.until(
+        lambda: asked(gw, A + UNLOAD) == [{"lora_name": "agent@1-c1dcfbda"}], "agent@1-c1dcfbda unloaded"
+    )
     turn = (await gw.rollout("r1"))["turns"][0]
-    assert (turn["adapter"], turn["policy_version"], turn["policy_version_end"]) == ("agent@1", "1", "1")
+    assert (turn["adapter"], turn["policy_version"], turn["policy_version_end"]) == (
+        "agent@1-c1dcfbda",
+        "1",
+        "1",
+    )
