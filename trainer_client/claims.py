@@ -25,6 +25,7 @@ from training_data.groups import (
     claimable,
     classify,
     load_rollouts,
+    policy_is,
     ready_groups,
 )
 
@@ -38,7 +39,7 @@ def claim_groups(
     groups = ready_groups(conn, options, unclaimed_only=True, now=now)
     if not groups:
         return Selection()
-    unclaimed = (r.c.group_id.in_(groups), claimable(now), r.c.eval.is_(False))
+    unclaimed = (r.c.group_id.in_(groups), claimable(now), r.c.eval.is_(False), *policy_is(options.policy))
     query = select(*ROLLOUT_COLUMNS).where(*unclaimed)
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)

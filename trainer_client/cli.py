@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
         "tree: a sub-agent's conversation is a chain of its own)",
     )
     export.add_argument(
+        "--policy",
+        metavar="NAME",
+        help="only the groups that train this policy (a LoRA policy's name, or a model's: rollouts.policy)",
+    )
+    export.add_argument(
         "--teacher",
         metavar="NAME",
         help="add this teacher's logprobs of the sampled tokens (teacher_logprobs); only groups it has "
@@ -338,6 +343,7 @@ def _export(args: argparse.Namespace) -> int:
         normalize_std=not args.no_std,
         merged=args.merged,
         teacher=args.teacher,
+        policy=args.policy,
     )
     to_stdout = args.output == "-"
     if args.format == "hf":

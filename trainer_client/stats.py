@@ -5,6 +5,8 @@ turn's exact prompt + completion ids (`drift_tokens > 0`): training on it would 
 Splices: per model, how exact mode built the prompts of turns extending an earlier one (spliced onto the
 parent's ids, re-rendered because the template moved earlier context, or a fallback), and why the rest did
 not splice.
+Policies: the rollouts of each policy (`rollouts.policy`: declared, else its first call's model), and the
+turns each LoRA adapter version sampled.
 Groups: a group declared with a size (`group_size`) waits until that many members have finished, one without
 a size while any member runs; the oldest groups still waiting, of either kind, are listed with their age and
 counts (the same groups the `groups` table counts as waiting), since one that never completes is served only
@@ -37,6 +39,19 @@ QUERIES = {
         SELECT group_id, group_size, rollouts AS created, finished, first_created_at
         FROM group_stats WHERE NOT ({COMPLETE_GROUP})
         ORDER BY first_created_at, group_id LIMIT {WAITING_SHOWN}
+    """,
+    "policies": """
+        SELECT policy, COUNT(*) AS rollouts, SUM(CASE WHEN status <> 'running' THEN 1 ELSE 0 END) AS finished,
+               SUM(CASE WHEN status <> 'running' AND claimed_by IS NULL AND NOT eval THEN 1 ELSE 0 END)
+                   AS unclaimed,
+               AVG(reward) AS mean_reward
+        FROM rollouts GROUP BY policy ORDER BY policy
+    """,
+    "adapter_versions": """
+        SELECT model AS policy, policy_version AS version, adapter, COUNT(DISTINCT rollout_id) AS rollouts,
+               COUNT(*) AS turns, SUM(completion_tokens) AS completion_tokens
+        FROM turns WHERE adapter IS NOT NULL
+        GROUP BY model, policy_version, adapter ORDER BY model, MIN(turn_id)
     """,
     "turns": """
         SELECT status, COUNT(*) AS turns, SUM(prompt_tokens) AS prompt_tokens,

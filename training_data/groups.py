@@ -51,6 +51,9 @@ class SampleOptions:
     max_groups: int | None = None
     merged: bool = False
     """One sample per chain of turns that extend each other exactly, instead of one per turn."""
+    policy: str | None = None
+    """Serve only the rollouts of groups that train this policy (`rollouts.policy`: a LoRA policy's name, or
+    a model's); None: every policy's."""
     teacher: str | None = None
     """Serve only groups this teacher has scored wholly (`trainer-client score`), with its logprobs on every
     sample (`teacher_logprobs`)."""
@@ -147,7 +150,7 @@ def ready_groups(
     ready = and_(running == 0, or_(declared.is_(None), func.count() >= declared))
     if options.group_timeout is not None:
         ready = or_(ready, func.min(r.c.created_at) < now - options.group_timeout)
-    query = select(r.c.group_id).where(r.c.eval.is_(False)).group_by(r.c.group_id)
+    query = select(r.c.group_id).where(r.c.eval.is_(False), *policy_is(options.policy)).group_by(r.c.group_id)
     if options.teacher is not None:
         query = query.where(r.c.group_id.not_in(_groups_to_score(options.teacher)))
     if unclaimed_only:
@@ -159,6 +162,11 @@ def ready_groups(
     if options.max_groups is not None:
         query = query.limit(options.max_groups)
     return [row[0] for row in conn.execute(query)]
+
+
+def policy_is(policy: str | None) -> tuple[ColumnElement[bool], ...]:
+    """The condition on rollouts that serves `policy`'s alone (none for every policy)."""
+    return () if policy is None else (schema.rollouts.c.policy == policy,)
 
 
 def _groups_to_score(teacher: str) -> Select[tuple[str]]:

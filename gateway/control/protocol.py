@@ -70,6 +70,9 @@ class CreateRolloutRequest(RequestModel):
     sampling: Sampling | None = None
     """Sampling fields that replace the agent's own on every call of the rollout (over --sampling);
     `max_tokens` caps what the agent asks."""
+    policy: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")] | None = None
+    """The policy the rollout trains (a LoRA policy's name, or a model's), by which trainers claim its group;
+    without it, the model of its first call."""
 
     @field_validator("sampling", mode="before")
     @classmethod
@@ -89,6 +92,7 @@ class RolloutCreated(BaseModel):
     tags: list[str] | None
     limits: RolloutLimits | None
     sampling: dict[str, Any] | None
+    policy: str | None
     status: str
     created: bool
     base_url: str
@@ -223,6 +227,8 @@ class RolloutView(BaseModel):
     limits: RolloutLimits | None
     sampling: dict[str, Any] | None
     """Sampling fields imposed on the rollout's calls (the gateway's --sampling fills the others)."""
+    policy: str | None
+    """The policy it trains: as created, else the model of its first call (null before it)."""
     backend: str | None
     """The vLLM server the rollout's calls go to (pinned on its first call)."""
     end_reason: str | None

@@ -68,6 +68,7 @@ async def create_rollout(
         api_key_hash=key_hash(key) if key is not None else None,
         limits=limits,
         sampling=body.sampling.model_dump(exclude_none=True) if body.sampling is not None else None,
+        policy=body.policy,
     )
     row, created = await control.store.create_rollout(new)
     base_url = agent_base_url(control.public_url, request, row["rollout_id"])
@@ -83,6 +84,7 @@ async def create_rollout(
         tags=row["tags"],
         limits=RolloutLimits(**row["limits"]) if row["limits"] else None,
         sampling=row["sampling"],
+        policy=row["policy"],
         status=row["status"],
         created=created,
         base_url=base_url,

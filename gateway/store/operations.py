@@ -89,6 +89,7 @@ def _rollout_row(new: NewRollout) -> dict[str, Any]:
         "limits": new.limits.to_json(),
         "sampling": new.sampling,
         "end_reason": None,
+        "policy": new.policy,
     }
 
 
@@ -153,6 +154,7 @@ class Operations:
             new.limits,
             sampling=new.sampling,
             group_size=new.group_size,
+            policy=new.policy,
         )
         self._caches.set_state(new.rollout_id, state)
         self._caches.hold_lineage(new.rollout_id, Lineage())
@@ -185,6 +187,8 @@ class Operations:
         assert state is not None, "the rollout exists: it was just created or found"
         if state.status != RolloutStatus.RUNNING:
             raise not_running(record.rollout_id, state.status)
+        if state.policy is None and record.model is not None:
+            state = self._trains(conn, record.rollout_id, state, record.model)
         lineage = self._lineage(conn, record.rollout_id)
         index = lineage.last_index + 1
         if record.request_hash is not None:
@@ -218,6 +222,16 @@ class Operations:
             placement.hashes,
         )
         return index
+
+    def _trains(self, conn: Connection, rollout_id: str, state: RolloutState, model: str) -> RolloutState:
+        """A rollout that did not say which policy it trains trains the model of its first call."""
+        r = schema.rollouts
+        conn.execute(
+            update(r).where(r.c.rollout_id == rollout_id, r.c.policy.is_(None)).values(policy=model[:64])
+        )
+        state = replace(state, policy=model[:64])
+        self._caches.set_state(rollout_id, state)
+        return state
 
     def _link_retries(self, conn: Connection, record: TurnRecord, index: int) -> None:
         """Point a client's retry at the attempt it repeats (the latest lower attempt of the same request).

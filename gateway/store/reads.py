@@ -34,6 +34,7 @@ def _state_query() -> Any:
         r.c.sampling,
         calls.label("calls"),
         r.c.group_size,
+        r.c.policy,
     ).where(r.c.rollout_id == rollout_id)
 
 
@@ -44,8 +45,9 @@ def rollout_state(conn: Connection, rollout_id: str) -> RolloutState | None:
     row = _STATE.first(conn, {"rollout_id": rollout_id})
     if row is None:
         return None
-    status, mode, api_key_hash, limits, sampling, calls, group_size = row
-    return RolloutState(status, mode, api_key_hash, Limits.from_json(limits), calls, sampling, group_size)
+    status, mode, api_key_hash, limits, sampling, calls, group_size, policy = row
+    limited = Limits.from_json(limits)
+    return RolloutState(status, mode, api_key_hash, limited, calls, sampling, group_size, policy)
 
 
 def response_turn(conn: Connection, rollout_id: str, response_id: str) -> dict[str, Any] | None:
@@ -136,6 +138,7 @@ def get_rollout(
         "tags": row["tags"],
         "limits": row["limits"],
         "sampling": row["sampling"],
+        "policy": row["policy"],
         "backend": row["backend"],
         "end_reason": row["end_reason"],
         "turns": turns,

@@ -112,6 +112,8 @@ class NewRollout:
     api_key_hash: str | None = None
     limits: Limits = field(default_factory=Limits)
     sampling: dict[str, Any] | None = None
+    policy: str | None = None
+    """The policy it trains; None: its first call's model."""
 
     @property
     def eval(self) -> bool:
@@ -132,6 +134,8 @@ class RolloutState:
     """Sampling fields imposed on the rollout's calls (over the gateway's --sampling)."""
     group_size: int | None = None
     """The members its group was declared with: its first call leads its siblings'."""
+    policy: str | None = None
+    """The policy it trains (declared, or its first call's model); None until then."""
 
 
 @dataclass

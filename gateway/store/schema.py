@@ -116,6 +116,9 @@ rollouts = Table(
     Column("backend", String(256)),
     # Why the gateway stopped serving the rollout's agent (a limit: max_turns, max_context_tokens).
     Column("end_reason", String(32)),
+    # The policy the rollout trains: as POST /rollouts declared it, else the model its first call asked for
+    # (a LoRA policy's name, or a model's); trainers claim one policy's groups.
+    Column("policy", String(64)),
     Index("ix_rollouts_group_id", "group_id"),
     Index("ix_rollouts_status", "status"),
     Index("ix_rollouts_claimed_by", "claimed_by"),

@@ -1,7 +1,8 @@
 """LoRA policies: `run_state.adapters` holds the versions the servers hold (published with POST
 /admin/adapters), `fleet_servers.adapter_errors` the versions a server failed to load,
 `gateway_processes.adapter_holds` each process's calls in flight on each version, and `turns.adapter` the
-adapter version that sampled a turn (null for a model's own weights).
+adapter version that sampled a turn (null for a model's own weights); `rollouts.policy` the policy a rollout
+trains (declared, else its first call's model), by which trainers claim.
 
 Revision ID: 0020
 Revises: 0019
@@ -29,9 +30,13 @@ def upgrade() -> None:
         batch.add_column(sa.Column("adapter_holds", Json))
     with op.batch_alter_table("turns") as batch:
         batch.add_column(sa.Column("adapter", sa.String(160)))
+    with op.batch_alter_table("rollouts") as batch:
+        batch.add_column(sa.Column("policy", sa.String(64)))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("rollouts") as batch:
+        batch.drop_column("policy")
     with op.batch_alter_table("turns") as batch:
         batch.drop_column("adapter")
     with op.batch_alter_table("gateway_processes") as batch:

@@ -13,6 +13,7 @@ import pytest
 
 from gateway.fleet.health import Found
 from gateway.replicas.publish import found
+from trainer_client import SampleOptions, TrainerClient
 
 import support
 from support.fake_engine import HeldReply, chat_reply, chat_stream
@@ -26,7 +27,7 @@ CHAT = "/v1/chat/completions"
 async def started(start, servers: list[str], **settings: Any) -> Any:
     """A gateway whose servers serve `tiny`, as their health checks found them, with the LoRA policy
     `agent` on it."""
-    gw = await start(backend=servers, lora_policy=["agent=tiny"], **settings)
+    gw = await start(**({"backend": servers, "lora_policy": ["agent=tiny"]} | settings))
     await found(gw.app.state.admin.replica, *(Found(url, frozenset({"tiny"}), None) for url in servers))
     return gw
 
@@ -224,3 +225,48 @@ async def test_a_retired_version_stays_loaded_until_its_last_call_ends(start):
         "1",
         "1",
     )
+
+
+async def played(gw, group: str, model: str, reward: float, **created: Any) -> str:
+    """A rollout of `group` created (with `created`), one call of `model`, finished with `reward`."""
+    made = await gw.client.post("/rollouts", json={"group_id": group, **created})
+    rollout = made.json()["rollout_id"]
+    gw.engine.answer(CHAT, chat_reply([4], [10, 0], "a"))
+    assert (await gw.chat(rollout, model=model)).status_code == 200
+    assert (await gw.client.post(f"/rollouts/{rollout}/finish", json={"reward": reward})).status_code == 200
+    return rollout
+
+
+async def test_a_rollout_trains_the_policy_it_declares_else_the_model_of_its_first_call(start):
+    gw = await started(start, [A], lora_policy=["agent=tiny", "judge=tiny"])
+    for policy in ("agent", "judge"):
+        assert (await publish(gw, "1", policy=policy)).status_code == 200
+
+    declared = await played(gw, "g1", "agent", 1.0, policy="judge")
+    undeclared = await played(gw, "g2", "agent", 1.0)
+    base = await played(gw, "g3", "tiny", 1.0)
+
+    rollouts = [await gw.rollout(r) for r in (declared, undeclared, base)]
+    assert [(r["policy"], r["turns"][0]["adapter"]) for r in rollouts] == [
+        ("judge", "agent@1-c1dcfbda"),
+        ("agent", "agent@1-c1dcfbda"),
+        ("tiny", None),
+    ]
+
+
+async def test_a_trainer_claims_only_the_groups_of_the_policy_it_asks_for(start):
+    gw = await started(start, [A], lora_policy=["agent=tiny", "judge=tiny"])
+    for policy in ("agent", "judge"):
+        assert (await publish(gw, "1", policy=policy)).status_code == 200
+    for group, model in (("g-agent", "agent"), ("g-judge", "judge")):
+        for reward in (0.0, 1.0):
+            await played(gw, group, model, reward)
+
+    with TrainerClient(gw.db) as client:
+        judged = client.claim("judge-trainer", 0, SampleOptions(policy="judge"))
+        agents = client.claim("agent-trainer", 0, SampleOptions(policy="agent"))
+        none_left = client.claim("agent-trainer", 1, SampleOptions(policy="agent"))
+
+    assert {s.group_id for s in judged.samples} == {"g-judge"}
+    assert {s.group_id for s in agents.samples} == {"g-agent"}
+    assert (len(judged.samples), len(agents.samples), none_left.samples) == (2, 2, [])
