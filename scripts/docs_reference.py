@@ -208,6 +208,7 @@ def metrics_page() -> str:
     their first values): each process's, then the leader's."""
     from types import SimpleNamespace
 
+    from gateway.fleet.adapters import FleetAdapters
     from gateway.fleet.collector import KvEventsCollector, LeaderCollector, LoadCollector
     from gateway.fleet.kv_events import Reader
     from gateway.fleet.leaders import Leaders
@@ -215,11 +216,14 @@ def metrics_page() -> str:
     from gateway.metrics import STAGES, Metrics
     from gateway.replicas.facts import NAMES, RunFacts
     from gateway.store.backlog import Backlog
+    from gateway.store.run_state import AdapterVersion
 
     metrics = Metrics()
     metrics.registry.register(LeaderCollector(Leaders()))
-    server = Server("http://vllm:8000", models=frozenset({"policy"}), prefix_cache_hit_rate=0.0)
-    servers = SimpleNamespace(servers={server.url: server})
+    adapters = FleetAdapters({"agent": "policy"}, [AdapterVersion(policy="agent", version="1", path="/a/1")])
+    models = frozenset({"policy", adapters.versions[0].name})
+    server = Server("http://vllm:8000", models=models, prefix_cache_hit_rate=0.0)
+    servers = SimpleNamespace(servers={server.url: server}, adapters=adapters)
     metrics.registry.register(LoadCollector(lambda: [server]))
     events = SimpleNamespace(readers={server.url: Reader("tcp://vllm:5557")})
     metrics.registry.register(KvEventsCollector(lambda: events))  # type: ignore[arg-type,return-value]

@@ -254,6 +254,8 @@ class ServerHealth(BaseModel):
     draining: bool
     models: list[str]
     """Model names from its /v1/models (empty until known)."""
+    adapter_errors: dict[str, str]
+    """LoRA versions it failed to load, and why: it takes none of their policy's calls until it loads them."""
 
 
 class BackendsHealth(BaseModel):

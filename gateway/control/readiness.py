@@ -58,7 +58,10 @@ def backends_health(servers: list[Server]) -> BackendsHealth:
         models=models,
         servers={
             server.url: ServerHealth(
-                healthy=server.healthy, draining=server.draining, models=sorted(server.models)
+                healthy=server.healthy,
+                draining=server.draining,
+                models=sorted(server.models),
+                adapter_errors=dict(server.adapter_errors),
             )
             for server in servers
         },

@@ -10,9 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
+from gateway.fleet.adapters import FleetAdapters
 from gateway.fleet.kv_events import KvEvents
 from gateway.fleet.leaders import Leaders
 from gateway.fleet.servers import Server
@@ -124,12 +131,18 @@ def fleet_facts(servers: Iterable[Server]) -> list[Metric]:
     model_healthy = GaugeMetricFamily(
         "gateway_model_backends_healthy", "Servers that serve the model and take calls.", labels=["model"]
     )
+    adapter_errors = GaugeMetricFamily(
+        "gateway_backend_adapter_errors",
+        "LoRA versions the server failed to load: it takes none of their policy's calls until it loads them.",
+        labels=_BACKEND,
+    )
     models: dict[str, list[int]] = {}
     for server in servers:
         url = [server.url]
         healthy.add_metric(url, float(server.healthy))
         draining.add_metric(url, float(server.draining))
         pinned.add_metric(url, server.pinned)
+        adapter_errors.add_metric(url, len(server.adapter_errors))
         if server.prefix_cache_hit_rate is not None:
             hit_ratio.add_metric(url, server.prefix_cache_hit_rate)
         for model in server.models:
@@ -139,4 +152,24 @@ def fleet_facts(servers: Iterable[Server]) -> list[Metric]:
     for model, (total, up) in sorted(models.items()):
         model_total.add_metric([model], total)
         model_healthy.add_metric([model], up)
-    return [healthy, draining, pinned, hit_ratio, model_total, model_healthy]
+    return [healthy, draining, pinned, hit_ratio, model_total, model_healthy, adapter_errors]
+
+
+def adapter_facts(adapters: FleetAdapters, servers: Iterable[Server]) -> list[Metric]:
+    """Each LoRA policy's live version, and the servers that serve it."""
+    version = InfoMetricFamily(
+        "gateway_lora_version", "The version a LoRA policy's new calls run on.", labels=["policy"]
+    )
+    serving = GaugeMetricFamily(
+        "gateway_lora_backends_healthy",
+        "Servers that hold a LoRA policy's live version and take calls.",
+        labels=["policy"],
+    )
+    servers = list(servers)
+    for policy in sorted(adapters.bases):
+        live = adapters.live(policy)
+        if live is None:
+            continue
+        version.add_metric([policy], {"version": live.version, "adapter": live.name})
+        serving.add_metric([policy], sum(s.healthy and live.name in s.models for s in servers))
+    return [version, serving]

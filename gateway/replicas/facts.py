@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.fleet.collector import fleet_facts
+from gateway.fleet.collector import adapter_facts, fleet_facts
 from gateway.fleet.fleet import Fleet
 from gateway.store.backlog import Backlog
 from gateway.store.store import Store
@@ -31,6 +31,9 @@ NAMES = frozenset(
         "gateway_backend_prefix_cache_hit_ratio",
         "gateway_model_backends",
         "gateway_model_backends_healthy",
+        "gateway_backend_adapter_errors",
+        "gateway_lora_version",
+        "gateway_lora_backends_healthy",
     }
 )
 """The families only the leader exports: a scrape that merges a port's processes takes them from one."""
@@ -93,3 +96,4 @@ class RunFacts(Collector):
                 value=self._backlog.unclaimed_groups,
             )
         yield from fleet_facts(list(self._fleet.servers.values()))
+        yield from adapter_facts(self._fleet.adapters, list(self._fleet.servers.values()))

@@ -270,3 +270,25 @@ async def test_a_trainer_claims_only_the_groups_of_the_policy_it_asks_for(start)
     assert {s.group_id for s in judged.samples} == {"g-judge"}
     assert {s.group_id for s in agents.samples} == {"g-agent"}
     assert (len(judged.samples), len(agents.samples), none_left.samples) == (2, 2, [])
+
+
+async def test_metrics_and_readiness_show_the_live_version_and_the_servers_that_could_not_load_it(gw):
+    gw.engine.fail(B + LOAD, "rank 16 is greater than max_lora_rank 8")
+    await published(gw, "1")
+
+    lines = (await gw.client.get("/metrics")).text.splitlines()
+    ready = (await gw.client.get("/readyz")).json()
+
+    assert [
+        line for line in lines if line.startswith(("gateway_lora", "gateway_backend_adapter_errors{"))
+    ] == [
+        'gateway_backend_adapter_errors{backend="http://vllm-a:8000"} 0.0',
+        'gateway_backend_adapter_errors{backend="http://vllm-b:8000"} 1.0',
+        'gateway_lora_version_info{adapter="agent@1-c1dcfbda",policy="agent",version="1"} 1.0',
+        'gateway_lora_backends_healthy{policy="agent"} 1.0',
+    ]
+    servers = ready["backends"]["servers"]
+    assert (servers[A]["adapter_errors"], servers[B]["adapter_errors"]) == (
+        {},
+        {"agent@1-c1dcfbda": "rank 16 is greater than max_lora_rank 8"},
+    )
