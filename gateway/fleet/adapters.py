@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from gateway.fleet.prefixes import adapter_key
 from gateway.store.run_state import AdapterVersion
 
 LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
@@ -38,6 +39,11 @@ class FleetAdapters:
     def live(self, policy: str) -> AdapterVersion | None:
         """The version new calls of `policy` go to; None before its first is published."""
         return next((v for v in reversed(self.versions) if v.policy == policy and not v.retired), None)
+
+    def key(self, model: str | None) -> int:
+        """Where the prefix index keys the blocks of a call of `model` from (`adapter_key`): an adapter
+        version's own, 0 for a model's own weights."""
+        return adapter_key(model) if any(v.name == model for v in self.versions) else 0
 
     def of(self, policy: str) -> list[AdapterVersion]:
         return [v for v in self.versions if v.policy == policy]

@@ -54,10 +54,12 @@ class Fleet:
         """Reads the servers' KV-cache events into `prefixes`, those of servers that join later too."""
         for url in urls:
             self.add(url, healthy=True)
-        self.placement = Placement(self.servers, self.prefixes, pins, by_group=by_group, placed=placed)
+        self.adapters = FleetAdapters(dict(lora_bases or {}), freed=adapter_freed)
+        self.placement = Placement(
+            self.servers, self.prefixes, pins, by_group=by_group, placed=placed, adapters=self.adapters
+        )
         self.leaders = Leaders()
         self.weights = FleetWeights()
-        self.adapters = FleetAdapters(dict(lora_bases or {}), freed=adapter_freed)
 
     @property
     def urls(self) -> list[str]:

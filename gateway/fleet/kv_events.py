@@ -33,7 +33,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from gateway.fleet.prefixes import EVENT_BLOCKS, MAX_BLOCK_SIZE, POSITIONS, PrefixIndex
+from gateway.fleet.prefixes import EVENT_BLOCKS, MAX_BLOCK_SIZE, POSITIONS, PrefixIndex, adapter_key
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ class _Stored(msgspec.Struct, tag="BlockStored"):
     block_size: Annotated[int, msgspec.Meta(gt=0, le=MAX_BLOCK_SIZE)]
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None
     extra_keys: list[Any] | None = None
 
 
@@ -241,11 +242,17 @@ class KvEvents:
         return True
 
     def _stored(self, url: str, event: _Stored) -> None:
-        # Blocks of a LoRA adapter, or with keys beyond their ids (images, a cache salt), hold other keys and
-        # values than the base model's for the same ids; blocks offloaded to another medium are not the
-        # engine's cache; a stored run with blocks skipped cannot be aligned with its ids.
-        if event.lora_id is not None or any(event.extra_keys or ()) or event.medium not in (None, "GPU"):
+        # A LoRA adapter's blocks are keyed by its name (the index does it alike); blocks with other keys
+        # beyond their ids (images, a cache salt) hold other keys and values than their ids alone say, an
+        # adapter's known only by its id too; blocks offloaded to another medium are not the engine's cache; a
+        # stored run with blocks skipped cannot be aligned with its ids.
+        if (event.lora_name is None and event.lora_id is not None) or event.medium not in (None, "GPU"):
+            return
+        own = [event.lora_name] if event.lora_name is not None else []
+        if any(keys and keys != own for keys in event.extra_keys or ()):
             return
         if len(event.token_ids) != len(event.block_hashes) * event.block_size:
             return
-        self.index.stored(url, event.block_size, event.parent_block_hash, event.block_hashes, event.token_ids)
+        adapter = adapter_key(event.lora_name)
+        hashes, ids = event.block_hashes, event.token_ids
+        self.index.stored(url, event.block_size, event.parent_block_hash, hashes, ids, adapter)

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import replace
 
+from gateway.fleet.adapters import FleetAdapters
 from gateway.fleet.prefixes import PrefixIndex
 from gateway.fleet.replies import BackendFailure
 from gateway.fleet.routing import Reason, choose, place, usable
@@ -38,8 +39,11 @@ class Placement:
         *,
         by_group: bool = True,
         placed: Placed = lambda _reason: None,
+        adapters: FleetAdapters | None = None,
     ) -> None:
         self.servers = servers
+        self.adapters = adapters or FleetAdapters()
+        """Which models are LoRA versions: their histories are looked up under their own keys."""
         self.prefixes = prefixes
         self.pin_store = pin_store
         """Shares pins through the store; without it pins live in this process only."""
@@ -78,7 +82,8 @@ class Placement:
                 loaded = [replace(s, pinned=loads.servers.get(s.url, 0)) for s in servers]
                 cached = None
                 if loads.history is not None:
-                    cached = self.prefixes.cached(loads.history, [s.url for s in servers])
+                    urls = [s.url for s in servers]
+                    cached = self.prefixes.cached(loads.history, urls, self.adapters.key(model))
                 if self.by_group:
                     found = place(loaded, loads.group_id, model, loads.group, loads.adds, cached, loads.seats)
                 else:

@@ -5,7 +5,9 @@ A server caches a prompt in blocks of `block_size` ids, each only after the bloc
 part of a history is the run of its leading blocks the server holds. The index keys each block by its ids and
 its position, chained to the blocks before it (`keys`), the way vLLM chains its own block hashes: looking a
 history up is walking its keys until the first one a server lacks. The keys are computed for a whole history
-at once with numpy (0.1 ms for 30,000 ids), since every answered call adds its ids.
+at once with numpy (0.1 ms for 30,000 ids), since every answered call adds its ids. A LoRA adapter's blocks
+hold other keys and values than the base model's for the same ids: vLLM keys them with the adapter's name,
+and so does the index (`adapter_key`), so that a history is found where its own adapter computed it.
 
 Two sources, per server. Where the server publishes its KV-cache events (vLLM's `--kv-events-config`, read
 by `gateway.fleet.kv_events`), they are its index: blocks stored, blocks evicted, the cache cleared; it keeps
@@ -17,6 +19,7 @@ about 100 MB at most.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -70,9 +73,16 @@ def _blocks(ids: np.ndarray, block_size: int, first: int) -> np.ndarray:
         return weighted
 
 
-def keys(ids: np.ndarray, block_size: int) -> np.ndarray:
-    """The key of each whole block of `ids` with all before it."""
-    return np.cumsum(_blocks(ids, block_size, 0), dtype=np.uint64)
+def adapter_key(adapter: str | None) -> int:
+    """What the keys of an adapter's blocks start from (its name's hash); 0 for a model's own weights."""
+    if adapter is None:
+        return 0
+    return int.from_bytes(hashlib.blake2b(adapter.encode(), digest_size=8).digest(), "little")
+
+
+def keys(ids: np.ndarray, block_size: int, adapter: int = 0) -> np.ndarray:
+    """The key of each whole block of `ids` with all before it, computed by the weights `adapter` keys."""
+    return np.cumsum(_blocks(ids, block_size, 0), dtype=np.uint64) + np.uint64(adapter)
 
 
 def chained(parent: int, position: int, ids: np.ndarray, block_size: int) -> np.ndarray:
@@ -97,10 +107,10 @@ class ServerBlocks:
     older_engine: dict[bytes | int, int] = field(default_factory=dict)
     """The same for the blocks in `older`."""
 
-    def cached(self, ids: np.ndarray) -> int:
-        """How many leading ids of `ids` it holds."""
+    def cached(self, ids: np.ndarray, adapter: int = 0) -> int:
+        """How many leading ids of `ids` it holds, as the weights `adapter` keys computed them."""
         blocks = 0
-        for key in keys(ids, self.block_size).tolist():
+        for key in keys(ids, self.block_size, adapter).tolist():
             if key not in self.held and key not in self.older:
                 break
             blocks += 1
@@ -131,13 +141,14 @@ class PrefixIndex:
     def of(self, url: str) -> ServerBlocks:
         return self.servers.setdefault(url, ServerBlocks())
 
-    def cached(self, ids: np.ndarray, urls: Sequence[str]) -> dict[str, int]:
-        """The ids of the history `ids` each of `urls` holds, for those holding any. Asked from the store's
-        thread while the event loop's adds to the index: a server leaving meanwhile counts as holding none."""
+    def cached(self, ids: np.ndarray, urls: Sequence[str], adapter: int = 0) -> dict[str, int]:
+        """The ids of the history `ids` each of `urls` holds, computed by the weights `adapter` keys, for
+        those holding any. Asked from the store's thread while the event loop's adds to the index: a server
+        leaving meanwhile counts as holding none."""
         found = {}
         for url in urls:
             server = self.servers.get(url)
-            count = server.cached(ids) if server is not None else 0
+            count = server.cached(ids, adapter) if server is not None else 0
             if count:
                 found[url] = count
         return found
@@ -148,12 +159,13 @@ class PrefixIndex:
 
     # -- from the calls this process sent ------------------------------------------------------------------
 
-    def saw(self, url: str, ids: np.ndarray) -> None:
-        """A call's prompt and reply ids, as the server `url` computed them."""
+    def saw(self, url: str, ids: np.ndarray, adapter: int = 0) -> None:
+        """A call's prompt and reply ids, as the server `url` computed them with the weights `adapter`
+        keys."""
         server = self.of(url)
         if server.from_events:
             return
-        server.held.update(keys(ids, server.block_size).tolist())
+        server.held.update(keys(ids, server.block_size, adapter).tolist())
         if len(server.held) > CAPTURED_BLOCKS // 2:
             server.older, server.held = server.held, set()
 
@@ -183,11 +195,13 @@ class PrefixIndex:
         parent: bytes | int | None,
         hashes: Sequence[bytes | int],
         ids: Sequence[int],
+        adapter: int = 0,
     ) -> None:
-        """BlockStored: the server's blocks `hashes` hold `ids`, block after block, chained from `parent`."""
+        """BlockStored: the server's blocks `hashes` hold `ids`, block after block, chained from `parent`,
+        computed by the weights `adapter` keys."""
         server = self.follow(url, block_size)
         if parent is None:
-            key, position = 0, 0
+            key, position = adapter, 0
         else:
             known = server.place(parent)
             if known is None:  # chained from a block stored before the events this process saw

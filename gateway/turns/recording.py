@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import StoreUnavailable
-from gateway.fleet.prefixes import PrefixIndex
+from gateway.fleet.prefixes import PrefixIndex, adapter_key
 from gateway.metrics import Metrics
 from gateway.store.lineage import Node
 from gateway.store.records import RolloutState, StoreError, TurnRecord
@@ -90,9 +90,8 @@ class Recorder:
             self._account(record, 200)
         if self._prefixes is not None and records[0].backend is not None:
             longest = max(records, key=lambda record: record.completion_ids.shape[0])
-            self._prefixes.saw(
-                records[0].backend, np.concatenate([longest.prompt_ids, longest.completion_ids])
-            )
+            ids = np.concatenate([longest.prompt_ids, longest.completion_ids])
+            self._prefixes.saw(records[0].backend, ids, adapter_key(records[0].adapter))
 
     async def failed(self, capture: TurnCapture, status: int, message: str) -> None:
         """The call failed after it was admitted: an error turn with what had been captured."""

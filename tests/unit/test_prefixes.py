@@ -20,7 +20,7 @@ from gateway.cli import build_parser, settings_from
 from gateway.fleet import kv_events, prefixes
 from gateway.fleet.collector import KvEventsCollector
 from gateway.fleet.kv_events import KvEvents, endpoint_for
-from gateway.fleet.prefixes import MAX_BLOCK_SIZE, PrefixIndex, keys
+from gateway.fleet.prefixes import MAX_BLOCK_SIZE, PrefixIndex, adapter_key, keys
 from gateway.metrics import samples
 from gateway.settings import Settings
 
@@ -104,6 +104,17 @@ def test_once_a_server_publishes_events_the_calls_sent_to_it_no_longer_feed_its_
     index.saw(A, ids(256))
     assert index.cached(ids(64), [A]) == {}
     assert index.cached(ids(256, start=500), [A]) == {A: 128}
+
+
+def test_a_history_an_adapter_computed_is_found_under_that_adapter_alone():
+    index, agent, judge = PrefixIndex(), adapter_key("agent@1-c1dcfbda"), adapter_key("judge@1-489afc00")
+    index.saw(A, ids(64), agent)
+    index.stored(B, 16, None, [b"h0", b"h1"], ids(32).tolist(), judge)
+    index.stored(B, 16, b"h1", [b"h2"], ids(16, start=32).tolist(), judge)
+
+    assert (index.cached(ids(64), [A, B], agent), index.cached(ids(64), [A, B], judge)) == ({A: 64}, {B: 48})
+    assert index.cached(ids(64), [A, B]) == {}  # the base model computed none of it
+    assert adapter_key(None) == 0
 
 
 def test_keys_of_a_history_do_not_depend_on_where_it_is_cut():
@@ -208,6 +219,28 @@ async def test_a_servers_published_events_build_its_index_and_a_gap_in_their_num
         assert index.cached(ids(16, start=100), [A]) == {}
         await send(socket, events, 1, batch({"type": "AllBlocksCleared"}))
         assert index.cached(ids(16, start=300), [A]) == {}
+    finally:
+        await events.close()
+
+
+@pytest.mark.anyio
+async def test_an_adapters_stored_blocks_are_keyed_by_its_name_and_those_with_other_extra_keys_skipped(
+    publisher: tuple[zmq.Socket[bytes], str],
+):
+    socket, endpoint = publisher
+    index, name = PrefixIndex(), "agent@1-c1dcfbda"
+    events = KvEvents(index, [f"{A}={endpoint}"])
+    events.follow(A)
+    adapters = stored([1, 2], None, 0) | {"lora_id": 1, "lora_name": name, "extra_keys": [[name], [name]]}
+    salted = stored([3], None, 100) | {"extra_keys": [["salt"]]}
+    unnamed = stored([4], None, 200) | {"lora_id": 2}
+    try:
+        await subscribed(socket, events)
+        await send(socket, events, 1, batch(adapters, salted, unnamed))
+
+        assert index.cached(ids(64), [A], adapter_key(name)) == {A: 32}
+        assert index.cached(ids(64), [A]) == {}
+        assert index.servers[A].size == 2
     finally:
         await events.close()
 
@@ -461,6 +494,7 @@ EVENTS = st.fixed_dictionaries(
         "block_size": st.sampled_from([1, 2, MAX_BLOCK_SIZE + 1, 1 << 26]) | VALUES,
         "lora_id": st.none() | VALUES,
         "medium": st.sampled_from([None, "GPU", "CPU"]) | VALUES,
+        "lora_name": st.none() | st.text(max_size=8) | VALUES,
         "extra_keys": st.none() | VALUES,
     },
 )
