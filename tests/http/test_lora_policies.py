@@ -13,10 +13,11 @@ import pytest
 
 from gateway.fleet.health import Found
 from gateway.replicas.publish import found
+from gateway.turns.exact import RENDER
 from trainer_client import SampleOptions, TrainerClient
 
 import support
-from support.fake_engine import HeldReply, chat_reply, chat_stream
+from support.fake_engine import HeldReply, chat_reply, chat_stream, json_reply
 
 pytestmark = pytest.mark.anyio
 A, B = "http://vllm-a:8000", "http://vllm-b:8000"
@@ -291,4 +292,30 @@ async def test_metrics_and_readiness_show_the_live_version_and_the_servers_that_
     assert (servers[A]["adapter_errors"], servers[B]["adapter_errors"]) == (
         {},
         {"agent@1-c1dcfbda": "rank 16 is greater than max_lora_rank 8"},
+    )
+
+
+async def test_an_exact_mode_call_of_a_lora_policy_renders_and_runs_on_its_live_version(start):
+    gw = await started(start, [A], mode="exact")
+    gw.engine.exact = True
+    await published(gw, "1")
+    gw.engine.answer(RENDER, json_reply({"token_ids": [1, 10, 2], "sampling_params": {"max_tokens": 16}}))
+    gw.engine.answer(CHAT, chat_reply([1, 10, 2], [40, 2], "hi"))
+
+    answer = await gw.chat("r1", model="agent")
+
+    assert (answer.status_code, answer.json()["model"]) == (200, "agent")
+    (render, rendered), (chat, sent) = [(p, b) for p, b in gw.engine.requests if p in (RENDER, CHAT)]
+    assert (render, rendered["model"], chat, sent["model"]) == (
+        RENDER,
+        "agent@1-c1dcfbda",
+        CHAT,
+        "agent@1-c1dcfbda",
+    )
+    assert sent["kv_transfer_params"] == {"prompt_token_ids": [1, 10, 2]}
+    turn = (await gw.rollout("r1"))["turns"][0]
+    assert (turn["splice"], turn["adapter"], turn["prompt_token_ids"]) == (
+        "render",
+        "agent@1-c1dcfbda",
+        [1, 10, 2],
     )
