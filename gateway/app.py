@@ -198,6 +198,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
         placed=lambda reason: metrics.placements.labels(reason=reason).inc(),
         kv_events=settings.kv_events,
         lora_bases=settings.lora_bases,
+        lora_keep=settings.lora_keep,
         adapter_freed=lambda: replica.keep(adapters.release(replica, fleet, engine)),
     )
     metrics.registry.register(LoadCollector(lambda: list(fleet.servers.values())))
@@ -248,9 +249,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
         settings.public_url,
         lifecycle,
     )
-    app.state.admin = AdminContext(
-        replica, fleet, engine, recorder, settings.pause_clear_cache, settings.lora_keep
-    )
+    app.state.admin = AdminContext(replica, fleet, engine, recorder, settings.pause_clear_cache)
     app.state.viewer = ViewerContext(store, TokenTexts(engine))
     return Started(store, fleet, engine, replica, local_render, metrics, traffic, lifecycle, spans)
 

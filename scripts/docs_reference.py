@@ -220,7 +220,9 @@ def metrics_page() -> str:
 
     metrics = Metrics()
     metrics.registry.register(LeaderCollector(Leaders()))
-    adapters = FleetAdapters({"agent": "policy"}, [AdapterVersion(policy="agent", version="1", path="/a/1")])
+    adapters = FleetAdapters(
+        {"agent": "policy"}, versions=[AdapterVersion(policy="agent", version="1", path="/a/1")]
+    )
     models = frozenset({"policy", adapters.versions[0].name})
     server = Server("http://vllm:8000", models=models, prefix_cache_hit_rate=0.0)
     servers = SimpleNamespace(servers={server.url: server}, adapters=adapters)

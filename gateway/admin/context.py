@@ -21,8 +21,6 @@ class AdminContext:
     recorder: Recorder
     clear_cache: bool
     """Whether a pause that does not say drops the servers' caches (--pause-clear-cache)."""
-    lora_keep: int = 2
-    """Versions of each LoRA policy kept loaded (--lora-keep)."""
 
 
 async def admin_context(request: Request) -> AdminContext:

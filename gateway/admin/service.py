@@ -221,7 +221,7 @@ async def publish_adapter(admin: AdminContext, policy: str, version: str, path: 
     """Load a LoRA policy's new version on its servers and make it the live one; retire and unload the
     versions past the keep window once no call holds them."""
     new = AdapterVersion(policy=policy, version=version, path=path)
-    await adapters.publish(admin.replica, admin.fleet, admin.engine, new, admin.lora_keep)
+    await adapters.publish(admin.replica, admin.fleet, admin.engine, new)
     await adapters.release(admin.replica, admin.fleet, admin.engine)
     return await admin_state(admin)
 

@@ -29,6 +29,8 @@ class FleetAdapters:
 
     bases: dict[str, str] = field(default_factory=dict)
     """Each LoRA policy's base model (`--lora-policy NAME=BASE`)."""
+    keep: int = 2
+    """Versions of each policy kept loaded, the live one included (--lora-keep)."""
     versions: list[AdapterVersion] = field(default_factory=list)
     """Loaded (or being retired), oldest first: the last of a policy that is not retired is its live one."""
     holds: Counter[str] = field(default_factory=Counter)

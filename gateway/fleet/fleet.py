@@ -36,12 +36,14 @@ class Fleet:
         placed: Placed = lambda _reason: None,
         kv_events: list[str] | None = None,
         lora_bases: dict[str, str] | None = None,
+        lora_keep: int = 2,
         adapter_freed: Callable[[], None] = lambda: None,
     ) -> None:
         """`left`: told of each server that leaves (the engine client closes its idle connections to it).
         `pins`, `by_group`, `placed`: how rollouts are placed (`Placement`). `kv_events`: the servers'
-        KV-cache event endpoints to read (--kv-events). `lora_bases`: each LoRA policy's base model
-        (--lora-policy); `adapter_freed`: told when this process's last call on a retired version ended."""
+        KV-cache event endpoints to read (--kv-events). `lora_bases`, `lora_keep`: each LoRA policy's base
+        model (--lora-policy) and the versions of each kept loaded (--lora-keep); `adapter_freed`: told when
+        this process's last call on a retired version ended."""
         if not urls:
             raise ValueError("at least one backend URL is required")
         self.max_connections = max_connections
@@ -54,7 +56,7 @@ class Fleet:
         """Reads the servers' KV-cache events into `prefixes`, those of servers that join later too."""
         for url in urls:
             self.add(url, healthy=True)
-        self.adapters = FleetAdapters(dict(lora_bases or {}), freed=adapter_freed)
+        self.adapters = FleetAdapters(dict(lora_bases or {}), lora_keep, freed=adapter_freed)
         self.placement = Placement(
             self.servers, self.prefixes, pins, by_group=by_group, placed=placed, adapters=self.adapters
         )

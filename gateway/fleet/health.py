@@ -13,6 +13,7 @@ round.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY, WEIGHT_VERSION, F
 
 log = logging.getLogger(__name__)
 
+_MAX_LORA = re.compile(r'max_lora="([0-9]+)"')
 _CHECK_SECONDS = 5.0
 _CHECK_TIMEOUT = aiohttp.ClientTimeout(total=_CHECK_SECONDS)
 
@@ -79,7 +81,10 @@ async def check(
         return found
     try:  # what it serves and how its cache does: worth knowing, but not a health matter
         found.models = await _models(session, server)
-        found.prefix_cache_hit_rate = await _prefix_hit_rate(session, server)
+        lines = await _metrics(session, server)
+        rate = prefix_hit_rate(lines)
+        found.prefix_cache_hit_rate = round(rate, 3) if rate is not None else None
+        _check_lora_window(server, max_loras(lines), adapters)
     except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError) as exc:
         log.debug("backend %s: no models or metrics (%r)", server.url, exc)
     server.failed_checks = 0
@@ -144,13 +149,39 @@ async def _models(session: aiohttp.ClientSession, server: Server) -> frozenset[s
     return frozenset(str(m.get("id")) for m in listed if isinstance(m, dict))
 
 
-async def _prefix_hit_rate(session: aiohttp.ClientSession, server: Server) -> float | None:
+async def _metrics(session: aiohttp.ClientSession, server: Server) -> list[str]:
+    """The server's Prometheus text, by line (none if it has no /metrics)."""
     async with session.get(server.url + "/metrics", timeout=_CHECK_TIMEOUT) as response:
         if response.status != 200:
-            return None
-        text = await response.text()
-    rate = prefix_hit_rate(text.splitlines())
-    return round(rate, 3) if rate is not None else None
+            return []
+        return (await response.text()).splitlines()
+
+
+def max_loras(lines: Iterable[str]) -> int | None:
+    """vLLM's --max-loras, from its `vllm:lora_requests_info` series (None without LoRA)."""
+    for line in lines:
+        if line.startswith("vllm:lora_requests_info{"):
+            found = _MAX_LORA.search(line)
+            if found is not None:
+                return int(found[1])
+    return None
+
+
+def _check_lora_window(server: Server, slots: int | None, adapters: FleetAdapters) -> None:
+    """Say once per server when its batches hold fewer adapters than the gateway keeps loaded: calls on the
+    others would wait for a slot."""
+    window = len(adapters.bases) * adapters.keep
+    if slots is not None and slots < window and server.max_loras != slots:
+        log.warning(
+            "backend %s batches %d adapters (--max-loras) but the gateway keeps %d loaded (%d LoRA policies "
+            "times --lora-keep %d): calls on the others wait for a slot",
+            server.url,
+            slots,
+            window,
+            len(adapters.bases),
+            adapters.keep,
+        )
+    server.max_loras = slots
 
 
 def prefix_hit_rate(lines: Iterable[str]) -> float | None:

@@ -54,6 +54,8 @@ class Server:
     adapter_errors: dict[str, str] = field(default_factory=dict)
     """Adapter versions it failed to load, and why: it serves none of their policy's calls until a retry
     loads them."""
+    max_loras: int | None = None
+    """Adapters its batches hold (vLLM's --max-loras, from its /metrics), once a check read it."""
     scale_out: bool | None = None
     """Whether it serves vLLM's token-in/token-out endpoints (exact mode), once known."""
     added_at: float = field(default=0.0)

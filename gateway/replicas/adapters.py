@@ -23,9 +23,7 @@ from gateway.store.run_state import AdapterVersion, RunState
 log = logging.getLogger(__name__)
 
 
-async def publish(
-    replica: Replica, fleet: Fleet, engine: Engine, version: AdapterVersion, keep: int
-) -> list[str]:
+async def publish(replica: Replica, fleet: Fleet, engine: Engine, version: AdapterVersion) -> list[str]:
     """Make `version` its policy's live one; the servers that could not load it, with why. Refused (nothing
     changes) when the policy is unknown, the version or its path is published already, or no server could
     load it."""
@@ -47,8 +45,8 @@ async def publish(
         )
 
     def published(state: RunState) -> None:
-        _refuse_repeats(FleetAdapters(adapters.bases, state.adapters), version)
-        state.adapters = _retired([*state.adapters, version], version.policy, keep)
+        _refuse_repeats(FleetAdapters(adapters.bases, versions=state.adapters), version)
+        state.adapters = _retired([*state.adapters, version], version.policy, adapters.keep)
         for entry in state.servers:
             if entry.url in loaded:
                 if entry.models:  # else unknown until its health check lists them: it serves any model

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.fleet.discovery import BackendFile
 from gateway.fleet.fleet import Fleet
-from gateway.fleet.health import prefix_hit_rate
+from gateway.fleet.health import max_loras, prefix_hit_rate
 from gateway.fleet.routing import Reason, choose, group_bound, place, share_bound
 from gateway.fleet.servers import Server
 from gateway.store.database import ensure_schema
@@ -378,3 +378,11 @@ async def test_a_rollout_whose_server_fails_moves_where_its_last_turn_is_cached_
 
     assert (moved.url, left, reasons[0]) == (elsewhere[1], home, Reason.HISTORY)
     assert (sibling.url, reasons[1]) == (elsewhere[1], Reason.GROUP)
+
+
+def test_max_loras_is_read_from_vllms_lora_series_and_none_without_lora():
+    lines = [
+        "# TYPE vllm:lora_requests_info gauge",
+        'vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.79e+09',
+    ]
+    assert (max_loras(lines), max_loras(["vllm:num_requests_running 0.0"])) == (4, None)
