@@ -382,8 +382,10 @@ class EngineClient:
 
     async def post_any(self, path: str, body: object, model: str | None) -> tuple[int, bytes]:
         """POST to any healthy server that serves `model`, without routing a rollout (reads such as
-        `/detokenize`); the first server that answers does."""
+        `/detokenize`); the first server that answers does. A LoRA policy's reads go to its base's servers:
+        an adapter shares its base's tokenizer."""
         last_error: Exception | None = None
+        model = self.fleet.adapters.bases.get(model or "", model)
         for server in [s for s in self.fleet.servers.values() if usable(s, model)]:
             try:
                 async with self._session.post(server.url + path, json=body) as response:

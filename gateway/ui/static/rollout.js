@@ -122,6 +122,7 @@ function turnView(turn, texts) {
   const facts = [
     fact("status", turn.status), fact("endpoint", turn.endpoint), fact("model", turn.model), fact("backend", turn.backend),
     fact("policy version", turn.policy_version === turn.policy_version_end ? turn.policy_version : `${turn.policy_version} → ${turn.policy_version_end}`),
+    fact("adapter", turn.adapter),
     fact("parent", turn.parent_turn), fact("forked from", turn.forked_from), fact("moved off", turn.repinned_from),
     fact("prompt", `${turn.prompt_tokens} tokens`), fact("completion", `${turn.completion_tokens} tokens`),
     fact("finish", turn.finish_reason), fact("latency", `${fixed(turn.latency_s, 2)} s`),
@@ -152,7 +153,7 @@ async function show() {
   const r = data.rollout;
   const group = el("span", {}, "group ", el("a", { href: `/ui/groups/${encodeURIComponent(r.group_id)}` }, r.group_id));
   document.getElementById("summary").append(el("div", { class: "facts" },
-    ...[fact("status", r.status), fact("reward", fixed(r.reward)), group, fact("task", r.task_id),
+    ...[fact("status", r.status), fact("reward", fixed(r.reward)), group, fact("policy", r.policy), fact("task", r.task_id),
       fact("mode", r.mode), fact("turns", r.turns.length), fact("end", r.end_reason)].filter(Boolean)));
   document.getElementById("turns").replaceChildren(...r.turns.map((turn) => turnView(turn, data.texts[String(turn.model)] || {})));
   let samples;
