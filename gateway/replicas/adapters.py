@@ -23,13 +23,13 @@ from gateway.store.run_state import AdapterVersion, RunState
 log = logging.getLogger(__name__)
 
 
-async def publish(replica: Replica, fleet: Fleet, engine: Engine, version: AdapterVersion) -> list[str]:
-    """Make `version` its policy's live one; the servers that could not load it, with why. Refused (nothing
-    changes) when the policy is unknown, the version or its path is published already, or no server could
-    load it."""
+async def publish(replica: Replica, fleet: Fleet, engine: Engine, version: AdapterVersion) -> None:
+    """Make `version` its policy's live one; the servers that could not load it say why in their
+    `adapter_errors`. Refused (nothing changes) when the policy is unknown, the version or its path is
+    published already, or no server could load it."""
     adapters = fleet.adapters
     base = _base_of(adapters, version.policy)
-    _refuse_repeats(adapters, version)
+    _refuse_repeats(adapters.versions, version)
     servers = [s for s in fleet.servers.values() if s.healthy and s.serves(base)]
     if not servers:
         raise ApiError(
@@ -45,7 +45,7 @@ async def publish(replica: Replica, fleet: Fleet, engine: Engine, version: Adapt
         )
 
     def published(state: RunState) -> None:
-        _refuse_repeats(FleetAdapters(adapters.bases, versions=state.adapters), version)
+        _refuse_repeats(state.adapters, version)  # another process may have published meanwhile
         state.adapters = _retired([*state.adapters, version], version.policy, adapters.keep)
         for entry in state.servers:
             if entry.url in loaded:
@@ -65,7 +65,6 @@ async def publish(replica: Replica, fleet: Fleet, engine: Engine, version: Adapt
         len(loaded),
         len(servers),
     )
-    return [f"{url}: {failure}" for url, failure in failed.items()]
 
 
 def _base_of(adapters: FleetAdapters, policy: str) -> str:
@@ -80,12 +79,12 @@ def _base_of(adapters: FleetAdapters, policy: str) -> str:
     return base
 
 
-def _refuse_repeats(adapters: FleetAdapters, version: AdapterVersion) -> None:
+def _refuse_repeats(versions: list[AdapterVersion], version: AdapterVersion) -> None:
     """A version is published once, from a directory no other version was read from: vLLM would reuse the
     cached blocks computed with the other's weights (its cache keys hold the path)."""
-    if any(v.version == version.version for v in adapters.of(version.policy)):
+    if any(v.policy == version.policy and v.version == version.version for v in versions):
         raise ApiError(409, f"{version.name} is published already", "version_exists")
-    clash = next((v for v in adapters.versions if v.path == version.path), None)
+    clash = next((v for v in versions if v.path == version.path), None)
     if clash is not None:
         raise ApiError(
             409,
