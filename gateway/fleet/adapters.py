@@ -3,10 +3,10 @@
 vLLM hashes an adapter's prefix-cache blocks with its name and path, and re-reads an adapter from its path
 whenever its cache evicted it: a version reloaded in place under the same name reuses blocks the old weights
 computed, and files overwritten under a loaded name are read half old, half new. So each version is published
-under its own name (`agent@3-1f2e3d4c`: `AdapterVersion.name`) from its own directory, loaded on every server before calls go to it, and the
-names past the keep window are unloaded once no call holds them. An agent asks for the policy (`agent`); the
-gateway sends its call to the live version's name and answers with the policy's name, and the turn records
-the version that sampled it.
+under its own name (`agent@3-1f2e3d4c`: `AdapterVersion.name`) from its own directory, loaded on every server
+before calls go to it, and the names past the keep window are unloaded once no call holds them. An agent asks
+for the policy (`agent`); the gateway sends its call to the live version's name and answers with the policy's
+name, and the turn records the version that sampled it.
 """
 
 from __future__ import annotations
