@@ -21,6 +21,7 @@ from gateway.openai.protocol import (
     TokenRouteRequest,
 )
 from gateway.openapi import raw_body
+from gateway.turns.adapters import listed
 from gateway.turns.admission import admit
 from gateway.turns.capture import ChatCapture, CompletionCapture, TokensChatCapture, TurnCapture
 from gateway.turns.context import TurnContext, turn_context
@@ -146,4 +147,6 @@ async def models(rollout_id: str, request: Request, ctx: TurnContext = Depends(t
     status, content = await ctx.engine.get("/v1/models")
     if status != 200:
         raise ApiError(502, f"backend answered HTTP {status} to GET /v1/models", "backend_error")
+    if ctx.adapters.bases:  # LoRA policies are listed by their names, not their versions'
+        content = dumps(listed(content, ctx.adapters))
     return Response(content, media_type="application/json")

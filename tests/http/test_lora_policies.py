@@ -319,3 +319,16 @@ async def test_an_exact_mode_call_of_a_lora_policy_renders_and_runs_on_its_live_
         "agent@1-c1dcfbda",
         [1, 10, 2],
     )
+
+
+async def test_agents_see_a_published_lora_policy_among_the_models_and_not_its_versions_names(gw):
+    unpublished = (await gw.client.get("/rollouts/r1/v1/models")).json()
+    await published(gw, "1")
+
+    listed = (await gw.client.get("/rollouts/r1/v1/models")).json()
+
+    assert [card["id"] for card in unpublished["data"]] == ["tiny"]
+    assert [(card["id"], card.get("parent")) for card in listed["data"]] == [
+        ("tiny", None),
+        ("agent", "tiny"),
+    ]
