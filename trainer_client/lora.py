@@ -49,7 +49,7 @@ class LoRAConfig:
     rank: int = 8
     """`r`: a vLLM server loads the adapter only if its --max-lora-rank is at least this."""
     alpha: int = 16
-    """The update is scaled by `alpha / rank`, so that a change of rank keeps the learning rate's effect."""
+    """The update is scaled by `alpha / rank`: another rank needs little retuning of the learning rate."""
     target_modules: tuple[str, ...] = DECODER_LINEAR_LAYERS
     """The last part of the names of the linear layers to adapt (every layer's modules of those names)."""
 
