@@ -2,8 +2,9 @@
 
 Each engine configuration starts once per session and serves every module that needs it: `vllm` (the tiny
 model, 65,536 positions), `trainable_vllm` (a copy training overwrites, reset for each test by
-`policy_vllm`), `teacher_vllm`, `tied_vllm`, the fleet's two and one per template family. Each starts in the
-background ahead of the first test that needs it and stops after the last (`tests/support/engines.py`).
+`policy_vllm`), `teacher_vllm`, `tied_vllm`, the fleet's two (the first also as `lora_vllm`) and one per
+template family. Each starts in the background ahead of the first test that needs it and stops after the last
+(`tests/support/engines.py`).
 A test resets what it needs through the product's own API (fresh rollouts, fresh databases, weight reloads).
 Every gateway test runs twice, against SQLite and against the local PostgreSQL (a fresh schema per run).
 """
@@ -152,6 +153,13 @@ def policy_vllm(trainable_vllm: VLLMServer, model_dir: Path) -> VLLMServer:
     shutil.copy(model_dir / "model.safetensors", trainable_vllm.model_dir / "model.safetensors")
     httpx.post(trainable_vllm.url + RELOAD, json=RELOAD_BODY, timeout=TIMEOUT).raise_for_status()
     return trainable_vllm
+
+
+@pytest.fixture(scope="session")
+def lora_vllm(engines: SessionEngines) -> VLLMServer:
+    """A vLLM of the tiny model ("tiny") that loads LoRA adapters up to rank 16 at run time: the fleet's first
+    server (`engines.fleet_engine`), whose base weights no test writes."""
+    return engines.get("fleet_a")
 
 
 @pytest.fixture(scope="session")

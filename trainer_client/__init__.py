@@ -12,6 +12,10 @@ A torch.distributed trainer claims once per step on rank 0 and gives every rank 
 The reference async GRPO trainer is `trainer_client.reference.trainer`, the rollout workers
 `trainer_client.reference.runner`, and `trainer_client.reference.loop` runs both against a gateway.
 
+A LoRA policy of the gateway (`--lora-policy NAME=BASE`): `LoRAAdapter.attach(model, LoRAConfig(...))` makes
+a `transformers` model's linear layers trainable as LoRA, `adapter.save(dir)` writes each version in PEFT's
+format, and `GatewayAdmin.publish_adapter` makes it the policy's live version (`trainer_client.lora`).
+
 On-policy distillation: `trainer-client score` (`trainer_client.scoring`) stores a teacher's logprob of
 every sampled token; samples read with `SampleOptions(teacher=...)` carry them, and
 `distillation_advantages` turns them into per-token advantages.
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     from trainer_client.batch import Batch
     from trainer_client.client import TrainerClient
     from trainer_client.distributed import DistributedClaims, Shard, StepFailed, shard_batch, sum_gradients
+    from trainer_client.lora import LoRAAdapter, LoRAConfig
     from trainer_client.loss import distillation_advantages, grpo_loss, teacher_kl
     from trainer_client.sync import GatewayAdmin
     from training_data.groups import SampleOptions
@@ -39,6 +44,8 @@ _HOMES = {
     "Batch": "trainer_client.batch",
     "DistributedClaims": "trainer_client.distributed",
     "GatewayAdmin": "trainer_client.sync",
+    "LoRAAdapter": "trainer_client.lora",
+    "LoRAConfig": "trainer_client.lora",
     "MergedSample": "training_data.samples",
     "SampleOptions": "training_data.groups",
     "Shard": "trainer_client.distributed",
@@ -66,6 +73,8 @@ __all__ = [
     "Batch",
     "DistributedClaims",
     "GatewayAdmin",
+    "LoRAAdapter",
+    "LoRAConfig",
     "MergedSample",
     "SampleOptions",
     "Shard",

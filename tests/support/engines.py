@@ -43,6 +43,8 @@ def wanted(fixturenames: Collection[str], params: Mapping[str, Any]) -> list[str
     names = [name for name in SESSION if name in fixturenames]
     if "fleet" in fixturenames:
         names += ["fleet_a", "fleet_b"]
+    if "lora_vllm" in fixturenames:
+        names.append("fleet_a")
     if "family_engine" in fixturenames:
         names.append(f"family_{params['family_engine']}")
     return names

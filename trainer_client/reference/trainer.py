@@ -6,6 +6,13 @@ the moment it takes to reload. On CPU the sync goes through the disk: the new we
 as the served model directory's safetensors, then every vLLM backend reloads them and is told the new version.
 Claims are leased: a trainer killed mid-step gives its rollouts back when the lease runs out.
 
+With `TrainerConfig(lora=LoRAPolicy(...))` it trains a LoRA policy of the gateway (`--lora-policy NAME=BASE`)
+instead: the base model's weights stay frozen and untouched on disk, only the adapter trains
+(`trainer_client.lora`), and each step's adapter is saved to a directory of its own and published as the
+policy's next version (`GatewayAdmin.publish_adapter`): new calls go to it, calls in flight finish on theirs,
+nothing pauses. Version 0, the fresh adapter that answers as the base model does, is published as the trainer
+starts, so that the rollouts have a version to run on.
+
 With `TrainerConfig(data_parallel=True)` it is one rank of a torch.distributed trainer (see
 `trainer_client.distributed`): rank 0 claims each step and splits it by tokens, every rank trains on its shard
 and the gradients are summed over ranks so that every rank takes the same optimizer step, and rank 0 alone
@@ -17,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +34,7 @@ from transformers import AutoModelForCausalLM
 from trainer_client.batch import Batch
 from trainer_client.client import TrainerClient
 from trainer_client.distributed import DistributedClaims, Shard, sum_gradients
+from trainer_client.lora import LoRAAdapter, LoRAConfig
 from trainer_client.loss import distillation_advantages, grpo_loss
 from trainer_client.scoring import Scorer, TeacherServer
 from trainer_client.sync import GatewayAdmin
@@ -52,9 +60,22 @@ class Distillation:
 
 
 @dataclass(frozen=True)
+class LoRAPolicy:
+    """A LoRA policy of the gateway to train: its name (`--lora-policy NAME=BASE`), where its versions are
+    saved, and the adapter's shape."""
+
+    name: str
+    adapter_dir: Path
+    """Version N is saved as `adapter_dir / f"v{N}"`, a directory every vLLM server of the base reads; none
+    may exist yet (a version is never overwritten)."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     model_dir: Path
-    """The directory vLLM serves: the policy is loaded from it and new weights are written to it."""
+    """The directory vLLM serves: the policy is loaded from it and new weights are written to it (with
+    `lora`, the base model, only read)."""
     db: str
     gateway_url: str
     admin_token: str | None = None
@@ -85,6 +106,8 @@ class TrainerConfig:
     and calls the gateway."""
     distill: Distillation | None = None
     """Train toward a teacher's logprobs (alone, or mixed with the reward) instead of the reward alone."""
+    lora: LoRAPolicy | None = None
+    """Train this LoRA policy's adapter on the frozen base model instead of the served weights."""
 
 
 @dataclass(frozen=True)
@@ -128,12 +151,14 @@ class GRPOTrainer:
         if config.torch_threads is not None:
             torch.set_num_threads(config.torch_threads)
         self.model = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.float32)
+        self.adapter = LoRAAdapter.attach(self.model, config.lora.lora) if config.lora else None
         self.model.train()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate)
+        trained = self.adapter.parameters() if self.adapter else self.model.parameters()
+        self.optimizer = torch.optim.Adam(trained, lr=config.learning_rate)
         self.rank = _default_rank() if config.data_parallel else 0
         self._client = TrainerClient(config.db) if self.rank == 0 else None
         self._admin = GatewayAdmin(config.gateway_url, config.admin_token) if self.rank == 0 else None
-        self.version = int(self.admin.state()["policy_version"]) if self.rank == 0 else 0
+        self.version = self._first_version() if self.rank == 0 else 0
         self.scorer = self._distillation_scorer() if self.rank == 0 else None
         self.claims: DistributedClaims | None = None
         if config.data_parallel:
@@ -350,14 +375,33 @@ class GRPOTrainer:
             return loss, metrics
         mask = tensors["loss_mask"].to(entropy.dtype)
         mean_entropy = (entropy * mask).sum() / mask.sum().clamp(min=1)
-        return loss - bonus * mean_entropy, {**metrics, "entropy": float(mean_entropy)}
+        return loss - bonus * mean_entropy, {**metrics, "entropy": float(mean_entropy.detach())}
 
     def sync(self, version: int) -> None:
-        """Write the weights where vLLM reads them, have every backend reload them, then take the version."""
-        with self.admin.weight_sync(str(version), mode=self.config.sync_mode):
-            save_weights(self.model, self.config.model_dir)
-            self.admin.reload_weights()
+        """Write the weights where vLLM reads them, have every backend reload them, then take the version;
+        for a LoRA policy, publish the adapter as that version instead."""
+        lora = self.config.lora
+        if lora is not None and self.adapter is not None:
+            self.publish(lora, self.adapter, version)
+        else:
+            with self.admin.weight_sync(str(version), mode=self.config.sync_mode):
+                save_weights(self.model, self.config.model_dir)
+                self.admin.reload_weights()
         self.version = version
+
+    def publish(self, policy: LoRAPolicy, adapter: LoRAAdapter, version: int) -> None:
+        """Save the adapter as its version's own directory and make it the LoRA policy's live version."""
+        path = adapter.save(policy.adapter_dir / f"v{version}")
+        self.admin.publish_adapter(policy.name, str(version), str(path))
+
+    def _first_version(self) -> int:
+        """The version the trainer starts from: the gateway's policy version, or for a LoRA policy 0, the
+        fresh adapter, published now (the base model's answers under the policy's name)."""
+        lora = self.config.lora
+        if lora is None or self.adapter is None:
+            return int(self.admin.state()["policy_version"])
+        self.publish(lora, self.adapter, 0)
+        return 0
 
     def _distillation_scorer(self) -> Scorer | None:
         """The teacher's scorer, its tokenizer checked against the gateway's first server."""
