@@ -29,7 +29,7 @@ HEALTHY = {
     "healthy": 1,
     "total": 1,
     "models": {},
-    "servers": {URL: {"healthy": True, "draining": False, "models": []}},
+    "servers": {URL: {"healthy": True, "draining": False, "models": [], "adapter_errors": {}}},
 }
 
 
@@ -59,7 +59,7 @@ async def test_an_ejected_backend_shows_in_readyz_but_leaves_the_gateway_ready_a
         "healthy": 0,
         "total": 1,
         "models": {"tiny": {"healthy": 0, "total": 1}},
-        "servers": {URL: {"healthy": False, "draining": False, "models": ["tiny"]}},
+        "servers": {URL: {"healthy": False, "draining": False, "models": ["tiny"], "adapter_errors": {}}},
     }
     assert (ready.status_code, ready.json()) == (200, readiness([], ejected))
     assert (live.status_code, live.json()) == (
