@@ -56,9 +56,11 @@ class Placement:
 
     async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
         """The rollout's server, and the server it left if it moved. A model no server lists goes where any
-        model goes: the server's own answer (a 404) is the agent's."""
+        model goes: the server's own answer (a 404) is the agent's; but never to a server that failed to load
+        it (an adapter version)."""
         asked = model
-        if model is not None and not any(model in s.models for s in self.servers.values()):
+        known = (model in s.models or model in s.adapter_errors for s in self.servers.values())
+        if model is not None and not any(known):
             model = None
         pinned = self._pins.get(rollout_id)
         server = self.servers.get(pinned[0]) if pinned is not None else None
@@ -123,7 +125,13 @@ class Placement:
 
 
 def _none_for(model: str | None, servers: Iterable[Server]) -> str:
-    listed = ", ".join(
-        f"{s.url} ({'draining' if s.draining else 'healthy' if s.healthy else 'ejected'})" for s in servers
-    )
+    listed = ", ".join(f"{s.url} ({_standing(s, model)})" for s in servers)
     return f"no healthy backend takes new rollouts for model {model!r}: {listed}"
+
+
+def _standing(server: Server, model: str | None) -> str:
+    if server.draining:
+        return "draining"
+    if model in server.adapter_errors:
+        return "failed to load it"
+    return "healthy" if server.healthy else "ejected"

@@ -63,8 +63,11 @@ class Server:
     """Calls that may hold a connection to it at once (`Fleet` sets its own limit)."""
 
     def serves(self, model: str | None) -> bool:
-        """Unknown models (or none yet listed) go anywhere: the server's own answer is the agent's."""
-        return model is None or not self.models or model in self.models
+        """Unknown models (or none yet listed) go anywhere: the server's own answer is the agent's. An adapter
+        version it failed to load does not, listed or not: it would answer that the model does not exist."""
+        if model is None:
+            return True
+        return model not in self.adapter_errors and (not self.models or model in self.models)
 
     def took(self, seconds: float) -> None:
         self.answered += 1

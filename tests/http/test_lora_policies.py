@@ -332,3 +332,28 @@ async def test_agents_see_a_published_lora_policy_among_the_models_and_not_its_v
         ("tiny", None),
         ("agent", "tiny"),
     ]
+
+
+async def test_a_server_that_cannot_load_a_version_takes_none_of_its_calls_before_its_models_are_listed(
+    start,
+):
+    """Published before any health check listed the servers' models (each would serve any model): the one
+    whose load failed still takes none of the policy's calls, and says why when no other server is left."""
+    gw = await start(backend=[A, B], lora_policy=["agent=tiny"])
+    gw.engine.fail(B + LOAD, f"{B}{LOAD}: HTTP 500 LoRA rank 16 is greater than max_lora_rank 8")
+    await published(gw, "1")
+    rollouts = ["r1", "r2", "r3", "r4"]
+    for rollout in rollouts:
+        gw.engine.answer(CHAT, chat_reply([4], [10, 0], "a"))
+        assert (await gw.chat(rollout, model="agent")).status_code == 200
+    (await gw.client.post("/admin/backends/drain", json={"url": A})).raise_for_status()
+
+    refused = await gw.chat("r5", model="agent")
+
+    backends = [(await gw.rollout(r))["turns"][0]["backend"] for r in rollouts]
+    assert backends == [A, A, A, A]
+    assert refused.status_code == 503
+    assert refused.json()["error"]["message"] == (
+        f"no healthy backend takes new rollouts for model 'agent@1-c1dcfbda': {A} (draining), "
+        f"{B} (failed to load it)"
+    )

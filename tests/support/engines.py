@@ -41,7 +41,7 @@ def wanted(fixturenames: Collection[str], params: Mapping[str, Any]) -> list[str
     """The servers a test needs, by recipe name, from the fixtures it uses (their closure) and its
     parameters."""
     names = [name for name in SESSION if name in fixturenames]
-    if "fleet" in fixturenames:
+    if "fleet" in fixturenames or "lora_fleet" in fixturenames:
         names += ["fleet_a", "fleet_b"]
     if "lora_vllm" in fixturenames:
         names.append("fleet_a")
