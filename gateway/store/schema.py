@@ -118,7 +118,7 @@ rollouts = Table(
     Column("end_reason", String(32)),
     # The policy the rollout trains: as POST /rollouts declared it, else the model its first call asked for
     # (a LoRA policy's name, or a model's); trainers claim one policy's groups.
-    Column("policy", String(64)),
+    Column("policy", SafeName),
     Index("ix_rollouts_group_id", "group_id"),
     Index("ix_rollouts_status", "status"),
     Index("ix_rollouts_claimed_by", "claimed_by"),

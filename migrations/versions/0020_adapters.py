@@ -31,7 +31,7 @@ def upgrade() -> None:
     with op.batch_alter_table("turns") as batch:
         batch.add_column(sa.Column("adapter", sa.String(160)))
     with op.batch_alter_table("rollouts") as batch:
-        batch.add_column(sa.Column("policy", sa.String(64)))
+        batch.add_column(sa.Column("policy", sa.String(256)))
 
 
 def downgrade() -> None:
