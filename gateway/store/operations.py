@@ -226,9 +226,7 @@ class Operations:
     def _trains(self, conn: Connection, rollout_id: str, state: RolloutState, model: str) -> RolloutState:
         """A rollout that did not say which policy it trains trains the model of its first call."""
         r = schema.rollouts
-        conn.execute(
-            update(r).where(r.c.rollout_id == rollout_id, r.c.policy.is_(None)).values(policy=model)
-        )
+        conn.execute(update(r).where(r.c.rollout_id == rollout_id, r.c.policy.is_(None)).values(policy=model))
         state = replace(state, policy=model)
         self._caches.set_state(rollout_id, state)
         return state
