@@ -142,6 +142,7 @@ def test_admin_api_requires_the_token_when_one_is_set(fresh):
         "in_flight": 0,
         "waiting": 0,
         "policy_version": "0",
+        "adapters": [],
         "backends": state["backends"],
         "workers": [
             {
