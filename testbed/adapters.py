@@ -19,35 +19,29 @@ model's end token gets its logit from a constant feature that the layers never w
 the adapters leave it alone too (their output and down projections write nothing to it), so replies still
 end with the end token, if later on average (``DELTA_STD``).
 
-The build is idempotent, like the model's: a marker file records a fingerprint of the generator, the seed,
-the rank, the model's directory and its ``config.json``; a directory whose marker matches and whose files all
-exist is returned untouched. Files are written to a staging directory and moved in, marker last, under an
-exclusive lock.
+The build is idempotent, like the model's (``testbed.built``): its fingerprint covers the generator, the
+seed, the rank, the model's directory and its ``config.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import hashlib
 import json
 import math
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from testbed.built import build_once, write_json
+from trainer_client.lora import CONFIG_FILE, DECODER_LINEAR_LAYERS, WEIGHTS_FILE, peft_config
+
 __all__ = ["ADAPTER_FILES", "TARGET_MODULES", "build_adapter"]
 
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-MARKER = ".adapter.json"
+ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGET_MODULES = DECODER_LINEAR_LAYERS
 """Every linear layer of a Qwen2 decoder layer (the output head is left alone)."""
 RESIDUAL_WRITERS = ("o_proj", "down_proj")
 """The modules whose output is added to the residual stream: their update keeps off its constant feature."""
@@ -75,39 +69,6 @@ def _module_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
         "gate_proj": (hidden, inter),
         "up_proj": (hidden, inter),
         "down_proj": (inter, hidden),
-    }
-
-
-def _adapter_config(model_dir: Path, rank: int) -> dict[str, Any]:
-    return {
-        "alpha_pattern": {},
-        "auto_mapping": None,
-        "base_model_name_or_path": str(model_dir),
-        "bias": "none",
-        "exclude_modules": None,
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-        # Random non-zero B, as `peft` writes with init_lora_weights=False (its default leaves B at zero).
-        "init_lora_weights": False,
-        "layer_replication": None,
-        "layers_pattern": None,
-        "layers_to_transform": None,
-        "loftq_config": {},
-        "lora_alpha": 2 * rank,
-        "lora_bias": False,
-        "lora_dropout": 0.0,
-        "megatron_config": None,
-        "megatron_core": "megatron.core",
-        "modules_to_save": None,
-        "peft_type": "LORA",
-        "r": rank,
-        "rank_pattern": {},
-        "revision": None,
-        "target_modules": sorted(TARGET_MODULES),
-        "task_type": "CAUSAL_LM",
-        "trainable_token_indices": None,
-        "use_dora": False,
-        "use_rslora": False,
     }
 
 
@@ -146,28 +107,6 @@ def _fingerprint(model: Path, model_config: bytes, seed: int, rank: int) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-def _is_complete(out: Path, fingerprint: str) -> bool:
-    try:
-        marker = json.loads((out / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker.get("fingerprint") == fingerprint and all((out / f).is_file() for f in ADAPTER_FILES)
-
-
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-
-
-@contextlib.contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    with open(out / ".adapter.lock", "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def build_adapter(model_dir: Path, out_dir: Path, *, seed: int, rank: int = 8) -> Path:
     """Write a LoRA adapter of the model in ``model_dir`` (a Qwen2 model such as ``build_tiny_model``'s) into
     ``out_dir`` (created if needed) and return it as an absolute ``Path``.
@@ -178,34 +117,24 @@ def build_adapter(model_dir: Path, out_dir: Path, *, seed: int, rank: int = 8) -
     """
     model = Path(model_dir).expanduser().resolve()
     out = Path(out_dir).expanduser().resolve()
-    out.mkdir(parents=True, exist_ok=True)
     model_config = (model / "config.json").read_bytes()
-    fingerprint = _fingerprint(model, model_config, seed, rank)
-    with _locked(out):
-        if _is_complete(out, fingerprint):
-            return out
-        (out / MARKER).unlink(missing_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".adapter-", dir=out))
-        try:
-            _write_files(staging, model, json.loads(model_config), seed, rank)
-            for name in ADAPTER_FILES:
-                os.chmod(staging / name, 0o644)
-                os.replace(staging / name, out / name)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        _write_json(
-            out / MARKER, {"fingerprint": fingerprint, "seed": seed, "rank": rank, "model": str(model)}
-        )
+
+    def write(staging: Path) -> dict[str, Any]:
+        _write_files(staging, model, json.loads(model_config), seed, rank)
+        return {"seed": seed, "rank": rank, "model": str(model)}
+
+    build_once(out, "adapter", _fingerprint(model, model_config, seed, rank), ADAPTER_FILES, write)
     return out
 
 
 def _write_files(staging: Path, model: Path, model_config: dict[str, Any], seed: int, rank: int) -> None:
     from safetensors.numpy import save_file
 
-    config = _adapter_config(model, rank)
+    # Random non-zero B, as `peft` writes with init_lora_weights=False (its default leaves B at zero).
+    config = peft_config(rank, 2 * rank, sorted(TARGET_MODULES), str(model), initialised=False)
     weights = _lora_weights(model_config, seed, rank, config["lora_alpha"] / rank)
-    save_file(weights, str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
-    _write_json(staging / "adapter_config.json", config)
+    save_file(weights, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_json(staging / CONFIG_FILE, config)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,28 +38,21 @@ end token and chat template (``testbed.families``: Qwen3, Llama 3.1 JSON, Mistra
 Granite), to be served with that family's vLLM parsers (``Family.server_args``). Its markup tokens get a
 logit bonus, so that a reply forced by ``structured_outputs`` writes each marker as its one token.
 
-The build is idempotent: a marker file records a fingerprint of every parameter of the generator; a directory
-whose marker matches and whose files all exist is returned untouched. Files are written to a staging
-directory and moved in, marker last, under an exclusive lock, so concurrent builders and interrupted builds
-are safe.
+The build is idempotent (``testbed.built``): its fingerprint covers every parameter of the generator, so a
+directory built with the same ones is returned untouched; concurrent and interrupted builds are safe.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import random
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from testbed.built import build_once, write_json
 from testbed.families import CHATML, FAMILIES, Family
 
 if TYPE_CHECKING:
@@ -136,7 +129,6 @@ MODEL_FILES = (
     "generation_config.json",
     "model.safetensors",
 )
-MARKER = ".tiny_model.json"
 
 CHAT_TEMPLATE = CHATML.template
 # The same template, but an assistant turn before the latest user message loses its thinking (its reasoning,
@@ -524,8 +516,8 @@ def _write_tokenizer(staging: Path, family: Family, context: int) -> dict[str, i
         "model_max_length": context,
         "padding_side": "left",
     }
-    _write_json(staging / "tokenizer_config.json", config)
-    _write_json(
+    write_json(staging / "tokenizer_config.json", config)
+    write_json(
         staging / "special_tokens_map.json",
         {
             "eos_token": family.eos,
@@ -646,8 +638,8 @@ def _write_model(
     config = _qwen2_config(ids, family, context, tied)
     state = _random_state_dict(config, ids, seed, family)
     save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(staging / "config.json", config)
-    _write_json(
+    write_json(staging / "config.json", config)
+    write_json(
         staging / "generation_config.json",
         {
             "bos_token_id": ids[family.pad],
@@ -683,28 +675,6 @@ def _fingerprint(seed: int, family: Family, context: int, tied: bool) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-def _is_complete(out: Path, fingerprint: str) -> bool:
-    try:
-        marker = json.loads((out / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker.get("fingerprint") == fingerprint and all((out / f).is_file() for f in MODEL_FILES)
-
-
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-@contextlib.contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    with open(out / ".tiny_model.lock", "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def build_tiny_model(
     out_dir: str | Path,
     *,
@@ -727,37 +697,24 @@ def build_tiny_model(
     Takes a few seconds; other files in ``out_dir`` are left alone.
     """
     out = Path(out_dir).expanduser().resolve()
-    out.mkdir(parents=True, exist_ok=True)
     spec = FAMILIES[family]
-    fingerprint = _fingerprint(weights_seed, spec, context, tied)
-    with _locked(out):
-        if not force and _is_complete(out, fingerprint):
-            log.debug("tiny model already built in %s", out)
-            return out
+
+    def write(staging: Path) -> dict[str, Any]:
         log.info("building the tiny model in %s", out)
-        (out / MARKER).unlink(missing_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".tiny-model-", dir=out))
-        try:
-            ids = _write_tokenizer(staging, spec, context)
-            _write_model(staging, ids, weights_seed, spec, context, tied)
-            for name in MODEL_FILES:
-                os.chmod(staging / name, 0o644)
-                os.replace(staging / name, out / name)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        _write_json(
-            out / MARKER,
-            {
-                "fingerprint": fingerprint,
-                "generator_version": GENERATOR_VERSION,
-                "family": family,
-                "weights_seed": weights_seed,
-                "context": context,
-                "tied": tied,
-                "token_ids": ids,
-                "files": list(MODEL_FILES),
-            },
-        )
+        ids = _write_tokenizer(staging, spec, context)
+        _write_model(staging, ids, weights_seed, spec, context, tied)
+        return {
+            "generator_version": GENERATOR_VERSION,
+            "family": family,
+            "weights_seed": weights_seed,
+            "context": context,
+            "tied": tied,
+            "token_ids": ids,
+            "files": list(MODEL_FILES),
+        }
+
+    fingerprint = _fingerprint(weights_seed, spec, context, tied)
+    if build_once(out, "tiny_model", fingerprint, MODEL_FILES, write, force=force):
         log.info("tiny model ready in %s", out)
     return out
 

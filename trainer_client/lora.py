@@ -126,38 +126,8 @@ class LoRAAdapter:
         return tensors
 
     def peft_config(self) -> dict[str, Any]:
-        """`adapter_config.json` as PEFT writes it for this adapter (vLLM reads `r`, `lora_alpha`,
-        `target_modules`, `bias` and the flags of what it cannot serve: DoRA, modules to save)."""
         targets = sorted({path.rpartition(".")[2] for path in self.layers})
-        return {
-            "alpha_pattern": {},
-            "auto_mapping": None,
-            "base_model_name_or_path": _base_name(self.model),
-            "bias": "none",
-            "exclude_modules": None,
-            "fan_in_fan_out": False,
-            "inference_mode": True,
-            "init_lora_weights": True,
-            "layer_replication": None,
-            "layers_pattern": None,
-            "layers_to_transform": None,
-            "loftq_config": {},
-            "lora_alpha": self.config.alpha,
-            "lora_bias": False,
-            "lora_dropout": 0.0,
-            "megatron_config": None,
-            "megatron_core": "megatron.core",
-            "modules_to_save": None,
-            "peft_type": "LORA",
-            "r": self.config.rank,
-            "rank_pattern": {},
-            "revision": None,
-            "target_modules": targets,
-            "task_type": "CAUSAL_LM",
-            "trainable_token_indices": None,
-            "use_dora": False,
-            "use_rslora": False,
-        }
+        return peft_config(self.config.rank, self.config.alpha, targets, _base_name(self.model))
 
     def save(self, directory: Path) -> Path:
         """Write the adapter as a new directory (`adapter_config.json`, `adapter_model.safetensors`) and
@@ -181,6 +151,43 @@ class LoRAAdapter:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return target
+
+
+def peft_config(
+    rank: int, alpha: int, targets: list[str], base: str | None, *, initialised: bool = True
+) -> dict[str, Any]:
+    """`adapter_config.json` as PEFT writes it for a causal LM's adapter (vLLM reads `r`, `lora_alpha`,
+    `target_modules`, `bias` and the flags of what it cannot serve: DoRA, modules to save). `initialised`
+    is PEFT's `init_lora_weights`: False for an adapter whose B is random rather than zero."""
+    return {
+        "alpha_pattern": {},
+        "auto_mapping": None,
+        "base_model_name_or_path": base,
+        "bias": "none",
+        "exclude_modules": None,
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": initialised,
+        "layer_replication": None,
+        "layers_pattern": None,
+        "layers_to_transform": None,
+        "loftq_config": {},
+        "lora_alpha": alpha,
+        "lora_bias": False,
+        "lora_dropout": 0.0,
+        "megatron_config": None,
+        "megatron_core": "megatron.core",
+        "modules_to_save": None,
+        "peft_type": "LORA",
+        "r": rank,
+        "rank_pattern": {},
+        "revision": None,
+        "target_modules": targets,
+        "task_type": "CAUSAL_LM",
+        "trainable_token_indices": None,
+        "use_dora": False,
+        "use_rslora": False,
+    }
 
 
 def _base_name(model: nn.Module) -> str | None:

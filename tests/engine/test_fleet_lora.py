@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import shlex
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from test_local_render import kept, renders_served
 
 from gateway.store.database import make_engine
 from testbed.adapters import build_adapter
@@ -185,6 +187,53 @@ def test_a_policys_calls_run_on_its_live_adapter_and_answer_under_the_policys_na
         server = server_of(lora_fleet, turn)
         assert turn["completion_token_ids"] == direct(server, name, "the task")
         assert turn["completion_token_ids"][0] != direct(server, "tiny", "the task")[0]
+
+
+def conversation(gateway: Any, rollout_id: str) -> list[dict[str, Any]]:
+    """Three greedy turns of the policy in an exact-mode rollout, each reply cut at `TOKENS`: the turns
+    stored."""
+    created = httpx.post(
+        f"{gateway.url}/rollouts", json={"rollout_id": rollout_id, "mode": "exact"}, timeout=TIMEOUT
+    )
+    assert created.status_code == 201, created.text
+    agent = sync_agent(gateway.agent_url(rollout_id))
+    history: list[dict[str, Any]] = messages("a conversation")
+    for _ in range(3):
+        reply = agent.chat.completions.create(
+            model="agent", messages=history, max_tokens=TOKENS, temperature=0
+        )
+        history += [{"role": "assistant", "content": reply.choices[0].message.content}]
+        history += [{"role": "user", "content": "More."}]
+    return stored_rollout(gateway, rollout_id)["turns"]
+
+
+def test_the_local_render_renders_a_policys_turns_as_its_base_model_after_the_server_rendered_one(
+    lora_fleet, start_gateway, databases, adapter
+):
+    """The same conversation through a gateway that leaves rendering to the server and one that renders
+    with `--local-render` (the base model's renderer, as vLLM renders an adapter's requests)."""
+    server = lora_fleet[0]
+    local_render = ("--local-render", shlex.join(server.render_args()))
+    by_server = started(start_gateway, databases.new("sqlite"), [server])
+    here = started(start_gateway, databases.new("sqlite"), [server], *AGENT, *local_render, process=True)
+    path = adapter(seed=15)
+    name = name_of("agent", "1", path)
+    for gateway in (by_server, here):
+        publish(gateway, "1", path)
+    expected = conversation(by_server, "by-server")
+    before = renders_served(server)
+
+    turns = conversation(here, "here")
+
+    assert renders_served(server) - before == 1  # the first turn, rendered by both to compare
+    assert "the gateway's render of tiny matches its backend's" in here.log_path.read_text()
+    assert [kept(t) for t in turns] == [kept(t) for t in expected]
+    assert [(recorded(t), t["splice"], t["finish_reason"]) for t in turns] == [
+        (("agent", name, "1", "1"), "render", "length"),
+        (("agent", name, "1", "1"), "exact", "length"),
+        (("agent", name, "1", "1"), "exact", "length"),
+    ]
+    assert turns[0]["completion_token_ids"] == direct(server, name, "a conversation")
 
 
 def test_a_version_published_mid_stream_leaves_that_call_on_its_own_without_preemption_and_takes_the_next(
