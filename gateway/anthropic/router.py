@@ -1,5 +1,6 @@
 """HTTP routes of the Messages dialect under `/rollouts/{rollout_id}/v1` (an Anthropic SDK's base URL is
-`/rollouts/{rollout_id}`: it appends `/v1/messages`): admit, parse once, translate to chat, forward."""
+`/rollouts/{rollout_id}`: it appends `/v1/messages`): each call, admitted by its route, is parsed once,
+translated to chat and forwarded."""
 
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ from gateway.anthropic.translate import to_chat
 from gateway.anthropic.wire import AnthropicWire
 from gateway.encoding import JsonResponse
 from gateway.errors import error_responses
-from gateway.ids import check_rollout_id
 from gateway.openapi import event_stream, raw_body
 from gateway.store.records import TurnRecord
-from gateway.turns.admission import admit, prompt_tokens
+from gateway.turns.admission import prompt_tokens
 from gateway.turns.capture import ChatCapture
 from gateway.turns.context import TurnContext, turn_context
 from gateway.turns.forward import forward
-from gateway.turns.intake import AgentRoute, read_call, validated
+from gateway.turns.intake import AgentRoute, Arrival, arrive, read_call, validated
 from gateway.turns.requests import ChatCompletionRequest
 
 router = APIRouter(
@@ -42,28 +42,26 @@ _STREAM = event_stream(
     response_model=MessageReply,
     responses={200: {"content": _STREAM}},
 )
-async def messages(rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)) -> Response:
+async def messages(
+    request: Request, ctx: TurnContext = Depends(turn_context), arrival: Arrival = Depends(arrive)
+) -> Response:
     """Anthropic Messages, translated to a chat call on the rollout's vLLM server and recorded as a turn."""
-    received = time.perf_counter()
-    check_rollout_id(rollout_id)
-    rollout = await admit(ctx, request, rollout_id)
-    call = await read_call(request, ctx.max_body_bytes, received, MessagesRequest)
+    call = await read_call(request, ctx, arrival, MessagesRequest)
     chat = to_chat(call.body)
     call = replace(call, body=chat, parsed=validated(ChatCompletionRequest, chat), dialect="messages")
-    return await forward(ctx, rollout_id, rollout, ChatCapture, call, AnthropicWire())
+    return await forward(ctx, ChatCapture, call, AnthropicWire())
 
 
 @router.post("/messages/count_tokens", openapi_extra=raw_body(CountTokensRequest), response_model=TokenCount)
 async def count_tokens(
-    rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
+    request: Request, ctx: TurnContext = Depends(turn_context), arrival: Arrival = Depends(arrive)
 ) -> Response:
     """The prompt's tokens as the served model's own template and tokenizer count them (vLLM's /tokenize)."""
-    check_rollout_id(rollout_id)
-    await admit(ctx, request, rollout_id)
-    call = await read_call(request, ctx.max_body_bytes, time.perf_counter(), CountTokensRequest)
+    call = await read_call(request, ctx, arrival, CountTokensRequest)
     chat = to_chat({**call.body, "max_tokens": 1})
+    version = ctx.recorder.policy_version
     record = TurnRecord(
-        rollout_id, "messages/count_tokens", chat["model"], False, ctx.recorder.policy_version, time.time()
+        arrival.rollout_id, "messages/count_tokens", chat["model"], False, version, time.time()
     )
     capture = ChatCapture(record)
     return JsonResponse(TokenCount(input_tokens=await prompt_tokens(ctx, capture, chat)).model_dump())

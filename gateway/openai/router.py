@@ -1,17 +1,14 @@
-"""HTTP routes of the OpenAI dialect under `/rollouts/{rollout_id}/v1`: admit, parse once, check, forward."""
+"""HTTP routes of the OpenAI dialect under `/rollouts/{rollout_id}/v1`: each call, admitted by its route, is
+parsed once, checked and forwarded."""
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel
 from starlette.responses import Response
 
 from gateway.encoding import dumps
 from gateway.errors import ApiError, backend_answer, backend_failure, error_responses
 from gateway.fleet.replies import BackendFailure, BackendStreamError
-from gateway.ids import check_rollout_id
 from gateway.openai.protocol import (
     ChatCompletion,
     ChatCompletionTokensRequest,
@@ -22,11 +19,10 @@ from gateway.openai.protocol import (
 )
 from gateway.openapi import raw_body
 from gateway.turns.adapters import listed
-from gateway.turns.admission import admit
-from gateway.turns.capture import ChatCapture, CompletionCapture, TokensChatCapture, TurnCapture
+from gateway.turns.capture import ChatCapture, CompletionCapture, TokensChatCapture
 from gateway.turns.context import TurnContext, turn_context
 from gateway.turns.forward import forward
-from gateway.turns.intake import AgentRoute, read_call
+from gateway.turns.intake import AgentRoute, Arrival, arrive, read_call
 from gateway.turns.requests import ChatCompletionRequest
 from gateway.turns.wire import OpenAIWire
 
@@ -49,16 +45,6 @@ _STREAM = {
 }
 
 
-async def _agent_call(
-    rollout_id: str, request: Request, ctx: TurnContext, model: type[BaseModel], capture: type[TurnCapture]
-) -> Response:
-    received = time.perf_counter()
-    check_rollout_id(rollout_id)
-    rollout = await admit(ctx, request, rollout_id)
-    call = await read_call(request, ctx.max_body_bytes, received, model)
-    return await forward(ctx, rollout_id, rollout, capture, call, OpenAIWire())
-
-
 @router.post(
     "/chat/completions",
     openapi_extra=raw_body(ChatCompletionRequest),
@@ -66,10 +52,11 @@ async def _agent_call(
     responses={200: {"content": _STREAM}},
 )
 async def chat_completions(
-    rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
+    request: Request, ctx: TurnContext = Depends(turn_context), arrival: Arrival = Depends(arrive)
 ) -> Response:
     """OpenAI chat completions, forwarded to the rollout's vLLM server and recorded as a turn."""
-    return await _agent_call(rollout_id, request, ctx, ChatCompletionRequest, ChatCapture)
+    call = await read_call(request, ctx, arrival, ChatCompletionRequest)
+    return await forward(ctx, ChatCapture, call, OpenAIWire())
 
 
 @router.post(
@@ -79,11 +66,12 @@ async def chat_completions(
     responses={200: {"content": _STREAM}},
 )
 async def chat_completions_tokens(
-    rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
+    request: Request, ctx: TurnContext = Depends(turn_context), arrival: Arrival = Depends(arrive)
 ) -> Response:
     """Chat completions from a prompt the client gives as ids (`tokens`, beside its messages), as token-aware
     RL clients call it: the engine generates from those ids, and the turn is recorded like any other."""
-    return await _agent_call(rollout_id, request, ctx, ChatCompletionTokensRequest, TokensChatCapture)
+    call = await read_call(request, ctx, arrival, ChatCompletionTokensRequest)
+    return await forward(ctx, TokensChatCapture, call, OpenAIWire())
 
 
 @router.post(
@@ -93,10 +81,11 @@ async def chat_completions_tokens(
     responses={200: {"content": _STREAM}},
 )
 async def completions(
-    rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
+    request: Request, ctx: TurnContext = Depends(turn_context), arrival: Arrival = Depends(arrive)
 ) -> Response:
     """OpenAI completions (a prompt as text or token ids), forwarded and recorded as a turn."""
-    return await _agent_call(rollout_id, request, ctx, CompletionRequest, CompletionCapture)
+    call = await read_call(request, ctx, arrival, CompletionRequest)
+    return await forward(ctx, CompletionCapture, call, OpenAIWire())
 
 
 tokens_router = APIRouter(
@@ -109,12 +98,10 @@ tokens_router = APIRouter(
 clients strip `/v1` to reach them). They record nothing: they generate nothing."""
 
 
-async def _token_route(rollout_id: str, request: Request, ctx: TurnContext, path: str) -> Response:
-    check_rollout_id(rollout_id)
-    await admit(ctx, request, rollout_id)
-    call = await read_call(request, ctx.max_body_bytes, time.perf_counter(), TokenRouteRequest)
+async def _token_route(request: Request, ctx: TurnContext, arrival: Arrival, path: str) -> Response:
+    call = await read_call(request, ctx, arrival, TokenRouteRequest)
     try:
-        routed = await ctx.engine.send(rollout_id, path, dumps(call.body), call.body.get("model"))
+        routed = await ctx.engine.send(arrival.rollout_id, path, dumps(call.body), call.body.get("model"))
     except BackendFailure as exc:
         raise backend_failure(exc) from None
     try:
@@ -127,23 +114,27 @@ async def _token_route(rollout_id: str, request: Request, ctx: TurnContext, path
 
 
 @tokens_router.post("/tokenize", openapi_extra=raw_body(TokenRouteRequest))
-async def tokenize(rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)) -> Response:
+async def tokenize(
+    request: Request, ctx: TurnContext = Depends(turn_context), arrival: Arrival = Depends(arrive)
+) -> Response:
     """vLLM's /tokenize on the rollout's server: a prompt or chat messages (with tools) to the ids the
     engine would see."""
-    return await _token_route(rollout_id, request, ctx, "/tokenize")
+    return await _token_route(request, ctx, arrival, "/tokenize")
 
 
 @tokens_router.post("/detokenize", openapi_extra=raw_body(TokenRouteRequest))
-async def detokenize(rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)) -> Response:
+async def detokenize(
+    request: Request, ctx: TurnContext = Depends(turn_context), arrival: Arrival = Depends(arrive)
+) -> Response:
     """vLLM's /detokenize on the rollout's server: ids to text."""
-    return await _token_route(rollout_id, request, ctx, "/detokenize")
+    return await _token_route(request, ctx, arrival, "/detokenize")
 
 
 @router.get("/models", response_model=ModelList)
-async def models(rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)) -> Response:
+async def models(
+    request: Request, ctx: TurnContext = Depends(turn_context), arrival: Arrival = Depends(arrive)
+) -> Response:
     """The backends' models (as vLLM lists them)."""
-    check_rollout_id(rollout_id)
-    await admit(ctx, request, rollout_id)
     status, content = await ctx.engine.get("/v1/models")
     if status != 200:
         raise ApiError(502, f"backend answered HTTP {status} to GET /v1/models", "backend_error")

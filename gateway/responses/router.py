@@ -1,6 +1,7 @@
 """HTTP routes of the Responses dialect under `/rollouts/{rollout_id}/v1` (the OpenAI SDK's base URL, as for
-chat): admit, parse once, put a previous response's conversation first, translate to chat, forward. A
-rollout's responses are its turns: `GET responses/{id}` reads one back from the store."""
+chat): each call, admitted by its route, is parsed once, a previous response's conversation put first,
+translated to chat and forwarded. A rollout's responses are its turns: `GET responses/{id}` reads one back
+from the store."""
 
 from __future__ import annotations
 
@@ -14,17 +15,16 @@ from starlette.responses import Response
 from gateway.auth import check_agent_key
 from gateway.encoding import JsonResponse
 from gateway.errors import ApiError, error_responses
-from gateway.ids import check_rollout_id, new_id
+from gateway.ids import new_id
 from gateway.openapi import event_stream, raw_body
 from gateway.responses.items import ResponseShape, stored_response
 from gateway.responses.protocol import ResponseObject, ResponsesRequest
 from gateway.responses.translate import chat_tools, previous_conversation, to_chat
 from gateway.responses.wire import ResponsesWire
-from gateway.turns.admission import admit
 from gateway.turns.capture import ChatCapture
 from gateway.turns.context import TurnContext, turn_context
 from gateway.turns.forward import forward
-from gateway.turns.intake import AgentRoute, read_call, validated
+from gateway.turns.intake import AgentRoute, Arrival, arrive, read_call, validated
 from gateway.turns.requests import ChatCompletionRequest
 
 router = APIRouter(
@@ -46,18 +46,15 @@ _STREAM = event_stream(
     responses={200: {"content": _STREAM}},
 )
 async def create_response(
-    rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
+    request: Request, ctx: TurnContext = Depends(turn_context), arrival: Arrival = Depends(arrive)
 ) -> Response:
     """OpenAI Responses, translated to a chat call on the rollout's vLLM server and recorded as a turn."""
-    received = time.perf_counter()
-    check_rollout_id(rollout_id)
-    rollout = await admit(ctx, request, rollout_id)
-    call = await read_call(request, ctx.max_body_bytes, received, ResponsesRequest)
+    call = await read_call(request, ctx, arrival, ResponsesRequest)
     body = call.body
     history: list[dict[str, Any]] = []
     previous = body.get("previous_response_id")
     if previous is not None:
-        turn = await _stored(ctx, rollout_id, previous, "previous_response_id")
+        turn = await _stored(ctx, arrival.rollout_id, previous, "previous_response_id")
         if turn["status"] != "ok":
             message = f"response {previous!r} failed ({turn['error']}): there is no reply to continue from"
             raise ApiError(400, message, "previous_response_failed", "previous_response_id")
@@ -74,15 +71,15 @@ async def create_response(
         response_id=response_id if body.get("store", True) is not False else None,
     )
     wire = ResponsesWire(ResponseShape(response_id, original, names, time.time()), body.get("model"))
-    return await forward(ctx, rollout_id, rollout, ChatCapture, call, wire)
+    return await forward(ctx, ChatCapture, call, wire)
 
 
 @router.get("/responses/{response_id}", response_model=ResponseObject)
 async def get_response(
     rollout_id: str, response_id: str, request: Request, ctx: TurnContext = Depends(turn_context)
 ) -> Response:
-    """A response of this rollout as it was created (`store: false` responses are not kept)."""
-    check_rollout_id(rollout_id)
+    """A response of this rollout as it was created (`store: false` responses are not kept): a read, allowed
+    on a finished rollout, so not admitted; its key is checked all the same."""
     if ctx.rollout_keys:
         check_agent_key(request, rollout_id, await ctx.recorder.rollout_state(rollout_id))
     turn = await _stored(ctx, rollout_id, response_id, None)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import orjson
-from pydantic import BaseModel
 from starlette.responses import Response
 
 from gateway.errors import ApiError, StoreUnavailable, backend_error_detail
@@ -29,6 +28,7 @@ from gateway.turns.admission import prompt_tokens as count_prompt
 from gateway.turns.capture import Asked, ChatCapture, TurnCapture
 from gateway.turns.context import TurnContext
 from gateway.turns.exact import exact_prompt, with_prompt
+from gateway.turns.intake import AgentCall
 from gateway.turns.recording import Recorder
 from gateway.turns.relay import RelayResponse, StreamFailure, relay
 from gateway.turns.sampling import imposed, merged
@@ -37,41 +37,11 @@ from gateway.turns.upstream import ahead_of, send
 from gateway.turns.wire import Wire
 
 
-@dataclass(frozen=True)
-class AgentCall:
-    """An agent's request: the body as sent, its validated reading, and what identifies a client's retry."""
-
-    body: dict[str, Any]
-    parsed: BaseModel
-    request_hash: str
-    attempt: int
-    received: float
-    """When its route began (`time.perf_counter`): the admission stage ends when the call leaves."""
-    dialect: str | None = None
-    """The wire format the agent spoke when it is not the engine's own (`messages`, `responses`): the turn's
-    endpoint."""
-    original: dict[str, Any] | None = None
-    """The dialect's own request, minus the conversation `body` holds as chat messages; stored with the
-    turn."""
-    response_id: str | None = None
-    """Responses: the id the reply carries and the turn is found by."""
-
-    @property
-    def stream(self) -> bool:
-        return bool(getattr(self.parsed, "stream", False))
-
-    @property
-    def choices(self) -> int:
-        return getattr(self.parsed, "n", None) or 1
-
-
-def new_record(
-    ctx: TurnContext, rollout_id: str, capture_cls: type[TurnCapture], call: AgentCall
-) -> TurnRecord:
+def new_record(ctx: TurnContext, capture_cls: type[TurnCapture], call: AgentCall) -> TurnRecord:
     body = call.body
     fields = capture_cls.request_fields(body)
     return TurnRecord(
-        rollout_id=rollout_id,
+        rollout_id=call.arrival.rollout_id,
         endpoint=call.dialect or capture_cls.endpoint,
         model=body.get("model"),
         stream=call.stream,
@@ -88,23 +58,17 @@ def new_record(
     )
 
 
-async def forward(
-    ctx: TurnContext,
-    rollout_id: str,
-    rollout: RolloutState | None,
-    capture_cls: type[TurnCapture],
-    call: AgentCall,
-    wire: Wire,
-) -> Response:
+async def forward(ctx: TurnContext, capture_cls: type[TurnCapture], call: AgentCall, wire: Wire) -> Response:
+    rollout = call.arrival.rollout
     await ctx.traffic.enter()
     ctx.recorder.in_flight(+1)
-    ctx.recorder.timed("admission", call.received)
+    ctx.recorder.timed("admission", call.arrival.received)
     streaming = False
     held: str | None = None
     sampling = merged(ctx.sampling, rollout.sampling if rollout is not None else None)
     call = replace(call, body=imposed(call.body, sampling))
     try:
-        capture = capture_cls(new_record(ctx, rollout_id, capture_cls, call))
+        capture = capture_cls(new_record(ctx, capture_cls, call))
         upstream, asked = capture.inject(call.body, call.parsed)
         try:
             adapter = live_version(ctx.adapters, capture.record)

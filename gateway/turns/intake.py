@@ -1,23 +1,73 @@
-"""How an agent call comes in, whatever its dialect: its route called directly (`AgentRoute`), its body read
-once with a size cap, parsed and checked (`read_call`), and the client's retry count read with it."""
+"""How an agent call comes in, whatever its dialect: its route called directly and opened there (`AgentRoute`:
+the rollout id checked, the call admitted), its body read once with a size cap, parsed and checked
+(`read_call`), and the client's retry count read with it."""
 
 from __future__ import annotations
 
 import hashlib
+import inspect
+import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import Request
+from fastapi import Depends, Request
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from gateway.errors import ApiError, validation_message
-from gateway.turns.context import TurnContext
-from gateway.turns.forward import AgentCall
+from gateway.ids import check_rollout_id
+from gateway.store.records import RolloutState
+from gateway.turns.admission import admit
+from gateway.turns.context import TurnContext, turn_context
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """An agent call let in: its rollout, as `admit` read it, and when its route began (`time.perf_counter`):
+    the admission stage ends when the call leaves."""
+
+    rollout_id: str
+    rollout: RolloutState | None
+    received: float
+
+
+async def arrive(rollout_id: str, request: Request, ctx: TurnContext = Depends(turn_context)) -> Arrival:
+    """The opening of a call that reaches the engine: a bad rollout id is refused before anything is read."""
+    received = time.perf_counter()
+    check_rollout_id(rollout_id)
+    return Arrival(rollout_id, await admit(ctx, request, rollout_id), received)
+
+
+@dataclass(frozen=True)
+class AgentCall:
+    """An agent's request: the body as sent, its validated reading, and what identifies a client's retry."""
+
+    body: dict[str, Any]
+    parsed: BaseModel
+    request_hash: str
+    attempt: int
+    arrival: Arrival
+    dialect: str | None = None
+    """The wire format the agent spoke when it is not the engine's own (`messages`, `responses`): the turn's
+    endpoint."""
+    original: dict[str, Any] | None = None
+    """The dialect's own request, minus the conversation `body` holds as chat messages; stored with the
+    turn."""
+    response_id: str | None = None
+    """Responses: the id the reply carries and the turn is found by."""
+
+    @property
+    def stream(self) -> bool:
+        return bool(getattr(self.parsed, "stream", False))
+
+    @property
+    def choices(self) -> int:
+        return getattr(self.parsed, "n", None) or 1
 
 
 class AgentRoute(APIRoute):
@@ -25,24 +75,36 @@ class AgentRoute(APIRoute):
     per-request dependency solving and endpoint wrapping (about 8% of the event loop's time per call in the
     profile of `bench/overhead_profile.py`).
 
-    Its endpoint takes only the path's parameters (strings), the request and the agent path's `TurnContext`
+    Its endpoint takes the path's parameters (strings), the request and the agent path's `TurnContext`
     (declared `ctx: TurnContext = Depends(turn_context)` for the documentation), and answers a `Response`.
+    The route opens every call itself, once: an endpoint that declares `arrival: Arrival = Depends(arrive)`
+    reaches the engine, and is handed the call admitted in place of its rollout id; any other (a read of what
+    is stored, allowed on a finished rollout) is handed the rollout id checked, and checks the rest itself.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         endpoint = self.endpoint
+        admits = "arrival" in inspect.signature(endpoint).parameters
 
         async def handle(request: Request) -> Response:
             ctx: TurnContext = request.app.state.turns
-            response: Response = await endpoint(**request.path_params, request=request, ctx=ctx)
+            given = dict(request.path_params)
+            rollout_id = given.pop("rollout_id")
+            if admits:
+                given["arrival"] = await arrive(rollout_id, request, ctx)
+            else:
+                given["rollout_id"] = check_rollout_id(rollout_id)
+            response: Response = await endpoint(**given, request=request, ctx=ctx)
             return response
 
         return handle
 
 
-async def read_call(request: Request, max_bytes: int, received: float, model: type[BaseModel]) -> AgentCall:
-    """The request body parsed once, checked against `model` (forwarded as sent, not as parsed); `received`
-    is when the route began (`time.perf_counter`)."""
+async def read_call(
+    request: Request, ctx: TurnContext, arrival: Arrival, model: type[BaseModel]
+) -> AgentCall:
+    """The request body parsed once, checked against `model` (forwarded as sent, not as parsed)."""
+    max_bytes = ctx.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"request body exceeds {max_bytes} bytes", "request_too_large")
@@ -59,7 +121,7 @@ async def read_call(request: Request, max_bytes: int, received: float, model: ty
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
     parsed = validated(model, body)
     request_hash = hashlib.blake2b(raw, digest_size=16).hexdigest()
-    return AgentCall(body, parsed, request_hash, _attempt(request), received)
+    return AgentCall(body, parsed, request_hash, _attempt(request), arrival)
 
 
 def validated(model: type[ModelT], body: dict[str, Any]) -> ModelT:

@@ -5,10 +5,23 @@ from __future__ import annotations
 import pytest
 
 from support import assert_openai_error
+from support.fake_engine import chat_reply
 
 pytestmark = pytest.mark.anyio
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+ENGINE_ROUTES = [
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/chat/completions/tokens"),
+    ("POST", "/v1/completions"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("GET", "/v1/models"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
+    ("POST", "/v1/responses"),
+]
+"""Every agent route that reaches the engine, under `/rollouts/{rollout_id}`."""
 
 
 @pytest.mark.parametrize(
@@ -73,6 +86,53 @@ async def test_an_invalid_rollout_id_in_the_path_is_400(gw):
     response = await gw.client.post("/rollouts/bad%20id/v1/chat/completions", json=CHAT)
 
     assert_openai_error(response, 400, "invalid_rollout_id")
+
+
+@pytest.mark.parametrize(("method", "path"), [*ENGINE_ROUTES, ("GET", "/v1/responses/resp_1")])
+async def test_every_agent_route_refuses_a_bad_rollout_id_before_its_key_or_its_body(start, method, path):
+    gw = await start(rollout_keys=True, require_registered_rollouts=True)
+
+    response = await gw.client.request(
+        method, f"/rollouts/bad%20id{path}", content=b"{not json", headers={"authorization": "Bearer wrong"}
+    )
+
+    assert_openai_error(response, 400, "invalid_rollout_id")
+    assert gw.engine.requests == []
+
+
+@pytest.mark.parametrize(("method", "path"), ENGINE_ROUTES)
+async def test_every_route_that_reaches_the_engine_checks_the_key_then_refuses_a_finished_rollout(
+    start, method, path
+):
+    gw = await start(rollout_keys=True)
+    key = (await gw.client.post("/rollouts", json={"rollout_id": "r1"})).json()["api_key"]
+    await gw.client.post("/rollouts/r1/finish", json={"reward": 1.0})
+    url = f"/rollouts/r1{path}"
+
+    wrong = await gw.client.request(method, url, json=CHAT, headers={"authorization": "Bearer wrong"})
+    finished = await gw.client.request(method, url, json=CHAT, headers={"authorization": f"Bearer {key}"})
+
+    assert_openai_error(wrong, 401, "invalid_api_key")
+    assert_openai_error(finished, 409, "rollout_finished")
+    assert gw.engine.requests == []
+
+
+async def test_a_finished_rollouts_stored_response_still_reads_back_to_its_key_alone(start):
+    gw = await start(rollout_keys=True)
+    key = (await gw.client.post("/rollouts", json={"rollout_id": "r1"})).json()["api_key"]
+    keyed = {"authorization": f"Bearer {key}"}
+    gw.engine.answer("/v1/chat/completions", chat_reply([1, 10, 11, 2], [5, 2], "Hi."))
+    body = {"model": "tiny", "input": "Hi"}
+    response_id = (await gw.client.post("/rollouts/r1/v1/responses", json=body, headers=keyed)).json()["id"]
+    await gw.client.post("/rollouts/r1/finish", json={"reward": 1.0})
+    url = f"/rollouts/r1/v1/responses/{response_id}"
+
+    fetched = await gw.client.get(url, headers=keyed)
+    unkeyed = await gw.client.get(url)
+
+    assert fetched.status_code == 200
+    assert (fetched.json()["id"], fetched.json()["status"]) == (response_id, "completed")
+    assert_openai_error(unkeyed, 401, "invalid_api_key")
 
 
 async def test_an_unknown_path_says_which_endpoints_exist(gw):
