@@ -115,6 +115,18 @@ def calls_per_second(gateway: GatewayProcess, model: str, calls: int) -> float:
     return calls / (time.perf_counter() - started)
 
 
+def models_known(gateway: GatewayProcess, servers: int) -> None:
+    """Wait until the gateway's health checks have read every server's models (a publish goes to the
+    servers known to serve the base)."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        backends = httpx.get(f"{gateway.url}/admin/state", timeout=TIMEOUT).json()["backends"]
+        if len(backends) == servers and all(b["models"] for b in backends):
+            return
+        time.sleep(0.2)
+    raise TimeoutError("the gateway never listed every server's models")
+
+
 def fleet(size: int, model: Path, work: Path, stack: ExitStack) -> list[VLLMServer]:
     servers = []
     for index in range(size):
@@ -155,6 +167,7 @@ def main() -> int:
                     extra_args=["--lora-policy", "agent=tiny"],
                 )
             )
+            models_known(gateway, size)
             versions = Versions(model, work / f"adapters-{size}")
             times = [versions.publish(gateway) for _ in range(args.publishes)]
             without = largest_gap(gateway, args.streams, lambda: time.sleep(0.5))
