@@ -37,7 +37,7 @@ from gateway.replicas.expiry import expiring
 from gateway.replicas.replica import Replica
 from gateway.responses.protocol import ResponsesRequest
 from gateway.responses.router import router as responses_router
-from gateway.settings import Placement, Settings
+from gateway.settings import PlacementPolicy, Settings
 from gateway.store.database import display_url, ensure_schema
 from gateway.store.records import Limits
 from gateway.store.status import Mode
@@ -194,7 +194,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
         max_connections=settings.max_connections,
         left=calls.forget,
         pins=store.pin if scripted is None else None,  # a scripted engine's pins stay in this process
-        by_group=settings.placement == Placement.GROUP,
+        by_group=settings.placement == PlacementPolicy.GROUP,
         placed=lambda reason: metrics.placements.labels(reason=reason).inc(),
         kv_events=settings.kv_events,
         lora_bases=settings.lora_bases,
