@@ -131,7 +131,7 @@ class Replica:
             state.policy_version,
             ", paused" if state.paused else "",
         )
-        self.keep(self._follow())
+        self.run_in_background(self._follow())
         loop = asyncio.get_running_loop()
         self._beats = threading.Thread(target=self._beat_aside, args=(loop,), name="heartbeat", daemon=True)
         self._beats.start()
@@ -298,7 +298,7 @@ class Replica:
             else:
                 self._confirmed = max(self._confirmed, began)
             if epoch > self.held.epoch:
-                loop.call_soon_threadsafe(self.keep, self._beat())
+                loop.call_soon_threadsafe(self.run_in_background, self._beat())
 
     async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if self.leads:
@@ -347,7 +347,7 @@ class Replica:
 
         return await asyncio.to_thread(run)
 
-    def keep(self, work: Any) -> None:
+    def run_in_background(self, work: Any) -> None:
         """Run `work` in the background, held until done (closing cancels it)."""
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
