@@ -219,7 +219,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
             api_key=api_key,
             waited=metrics.stage["queue"].observe,
             ejected=lambda server: replica.run_in_background(publish.ejected(replica, server)),
-            revived=lambda seen: replica.run_in_background(publish.found(replica, seen)),
+            revived=lambda seen: replica.run_in_background(publish.publish_health(replica, seen)),
         )
     )
     metrics.queued.set_function(lambda: engine.queued)

@@ -238,7 +238,7 @@ async def add_backend(admin: AdminContext, url: str) -> AdminState:
             entry.draining = False
 
     await admin.replica.change(added)
-    await publish.found(admin.replica, await admin.engine.check(admin.fleet.servers[url]))
+    await publish.publish_health(admin.replica, await admin.engine.check(admin.fleet.servers[url]))
     return await admin_state(admin)
 
 

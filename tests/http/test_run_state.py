@@ -16,7 +16,7 @@ from gateway.app import create_app
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.health import Found
 from gateway.fleet.weight_versions import FleetWeights
-from gateway.replicas.publish import found, listed
+from gateway.replicas.publish import listed, publish_health
 from gateway.replicas.replica import Replica
 from gateway.settings import Settings
 from gateway.store.run_state import RunState, ServerEntry
@@ -156,14 +156,14 @@ async def test_health_checks_findings_become_the_run_states_and_finding_nothing_
     epoch = state.replica.held.epoch
     ejected = Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5, healthy=False)
 
-    await found(state.replica, ejected)
-    await found(state.replica, ejected)
+    await publish_health(state.replica, ejected)
+    await publish_health(state.replica, ejected)
 
     assert held(state)[0] == (A, False, False, ["tiny"], 0, None)
-    await found(state.replica, Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5))
+    await publish_health(state.replica, Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5))
     assert held(state)[0] == (A, False, False, ["tiny"], 0, None)  # a check that changed nothing
     admitted = Found(A, frozenset({"tiny"}), 0.5, healthy=True, weights=FleetWeights(2, "4"))
-    await found(state.replica, admitted)
+    await publish_health(state.replica, admitted)
     assert held(state)[0] == (A, True, False, ["tiny"], 2, "4")
     assert state.fleet.servers[A].prefix_cache_hit_rate == 0.5
     assert state.replica.held.epoch == epoch + 2
