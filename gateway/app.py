@@ -37,7 +37,7 @@ from gateway.replicas.expiry import expiring
 from gateway.replicas.replica import Replica
 from gateway.responses.protocol import ResponsesRequest
 from gateway.responses.router import router as responses_router
-from gateway.settings import Placement, Settings
+from gateway.settings import PlacementPolicy, Settings
 from gateway.store.database import display_url, ensure_schema
 from gateway.store.records import Limits
 from gateway.store.status import Mode
@@ -95,11 +95,11 @@ def create_app(settings: Settings, *, store: Store | None = None, engine: Script
         await parts.local_render.build(settings.local_render)
         listing = BackendFile(settings.backend_file) if settings.backend_file else None
         if engine is None:
-            parts.replica.keep(
+            parts.replica.run_in_background(
                 publish.checked(parts.replica, parts.fleet, parts.engine, listing, settings.health_interval)
             )
         if settings.rollout_idle_timeout:
-            parts.replica.keep(
+            parts.replica.run_in_background(
                 expiring(parts.replica, parts.store, parts.fleet, settings.rollout_idle_timeout)
             )
         await parts.replica.start()
@@ -194,12 +194,12 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
         max_connections=settings.max_connections,
         left=calls.forget,
         pins=store.pin if scripted is None else None,  # a scripted engine's pins stay in this process
-        by_group=settings.placement == Placement.GROUP,
+        by_group=settings.placement == PlacementPolicy.GROUP,
         placed=lambda reason: metrics.placements.labels(reason=reason).inc(),
         kv_events=settings.kv_events,
         lora_bases=settings.lora_bases,
         lora_keep=settings.lora_keep,
-        adapter_freed=lambda: replica.keep(adapters.release(replica, fleet, engine)),
+        adapter_freed=lambda: replica.run_in_background(adapters.release(replica, fleet, engine)),
     )
     metrics.registry.register(LoadCollector(lambda: list(fleet.servers.values())))
     metrics.registry.register(LeaderCollector(fleet.leaders))
@@ -218,8 +218,8 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
             max_queued=settings.max_queued,
             api_key=api_key,
             waited=metrics.stage["queue"].observe,
-            ejected=lambda server: replica.keep(publish.ejected(replica, server)),
-            revived=lambda seen: replica.keep(publish.found(replica, seen)),
+            ejected=lambda server: replica.run_in_background(publish.ejected(replica, server)),
+            revived=lambda seen: replica.run_in_background(publish.publish_health(replica, seen)),
         )
     )
     metrics.queued.set_function(lambda: engine.queued)

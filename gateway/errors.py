@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -170,6 +170,17 @@ def string_field(item: dict[str, Any], key: str, where: str) -> str:
     if not isinstance(value, str):
         raise ApiError(400, f"{where}.{key}: expected a string", "invalid_request", f"{where}.{key}")
     return value
+
+
+def joined_text(value: Any, where: str, parts: str, part_text: Callable[[Any, str], str]) -> str:
+    """A string, or a list of parts joined, or a 400 naming the field: what message contents, system prompts
+    and tool results hold in the agents' dialects. Each dialect says which parts it takes: `part_text` gives
+    a part's text (from the part and its place) or raises, and `parts` is what the dialect calls them."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ApiError(400, f"{where}: expected text or a list of text {parts}", "invalid_request", where)
+    return "".join(part_text(part, f"{where}.{index}") for index, part in enumerate(value))
 
 
 def validation_message(errors: list) -> tuple[str, str | None]:  # type: ignore[type-arg]

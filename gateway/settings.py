@@ -91,7 +91,7 @@ class LogFormat(StrEnum):
     JSON = "json"
 
 
-class Placement(StrEnum):
+class PlacementPolicy(StrEnum):
     """group: a rollout joins its GRPO group's server while that server holds no more than its share, so that
     the group's shared prompt is computed once; load: every rollout to the least loaded server."""
 
@@ -209,8 +209,8 @@ class Settings(BaseSettings):
         description="Seconds to wait for a backend connection.",
         json_schema_extra=_in(Group.BACKENDS),
     )
-    placement: Placement = Field(
-        default=Placement.GROUP,
+    placement: PlacementPolicy = Field(
+        default=PlacementPolicy.GROUP,
         description="Where a new rollout goes. group: beside its GRPO group's members (their shared prompt "
         "is in that server's prefix cache) while that server holds no more than 1.25 times the mean load, "
         "counting a group declared with a size whole; load: the least loaded server, each rollout alone.",

@@ -185,7 +185,7 @@ async def set_policy_version(admin: AdminContext, version: str) -> AdminState:
                 entry.healthy = False
 
     try:
-        await admin.engine.call_all(WEIGHT_VERSION, json={"new_version": version}, done=_into(took))
+        await admin.engine.call_all(WEIGHT_VERSION, json={"new_version": version}, done=_append_url_to(took))
     finally:  # also after a failure half way: the servers that took it hold it
         await admin.replica.change(versioned)
     log.info("policy version is now %s", version)
@@ -206,14 +206,14 @@ async def reload_weights(admin: AdminContext) -> AdminState:
                 entry.healthy = False
 
     try:
-        await admin.engine.call_all(RELOAD, json=RELOAD_BODY, done=_into(took))
+        await admin.engine.call_all(RELOAD, json=RELOAD_BODY, done=_append_url_to(took))
     finally:
         await admin.replica.change(reloaded)
     log.info("backends reloaded their weights")
     return await admin_state(admin)
 
 
-def _into(urls: list[str]) -> Callable[[Server], None]:
+def _append_url_to(urls: list[str]) -> Callable[[Server], None]:
     return lambda server: urls.append(server.url)
 
 
@@ -238,7 +238,7 @@ async def add_backend(admin: AdminContext, url: str) -> AdminState:
             entry.draining = False
 
     await admin.replica.change(added)
-    await publish.found(admin.replica, await admin.engine.check(admin.fleet.servers[url]))
+    await publish.publish_health(admin.replica, await admin.engine.check(admin.fleet.servers[url]))
     return await admin_state(admin)
 
 

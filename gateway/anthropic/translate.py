@@ -6,11 +6,12 @@ with the engine's ids.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import orjson
 
-from gateway.errors import ApiError, string_field
+from gateway.errors import ApiError, joined_text, string_field
 from gateway.ids import new_id
 from gateway.turns.sampling import ENGINE_FIELDS
 
@@ -72,7 +73,7 @@ def _chat_messages(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
             calls.append({"id": string_field(block, "id", at), "type": "function", "function": function})
         elif kind == "tool_result":
             content_at = f"{at}.content"
-            result = _text(block.get("content") or "", content_at)
+            result = joined_text(block.get("content") or "", content_at, "blocks", _text_block)
             results.append(
                 {"role": "tool", "tool_call_id": string_field(block, "tool_use_id", at), "content": result}
             )
@@ -99,32 +100,16 @@ def _system_text(value: Any, where: str) -> str:
     Anthropic's API reads it as a header, vLLM's own Messages endpoint drops it (its hash changes from one
     request to the next), and left in, vLLM's chat renderer cuts it as a line, with the text of the next
     block up to its first newline (Claude Code's first sentence)."""
-    return _text(value, where, skip=_ATTRIBUTION)
+    return joined_text(value, where, "blocks", partial(_text_block, skip=_ATTRIBUTION))
 
 
-def _text(value: Any, where: str, skip: str | None = None) -> str:
-    """A string, or text blocks joined (but those starting with `skip`): what system prompts and tool
-    results hold."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise ApiError(400, f"{where}: expected text or a list of text blocks", "invalid_request", where)
-    parts = []
-    for index, block in enumerate(value):
-        if (
-            not isinstance(block, dict)
-            or block.get("type") != "text"
-            or not isinstance(block.get("text"), str)
-        ):
-            raise ApiError(
-                400,
-                f"{where}.{index}: only text blocks can go here",
-                "unsupported_content",
-                f"{where}.{index}",
-            )
-        if skip is None or not block["text"].startswith(skip):
-            parts.append(block["text"])
-    return "".join(parts)
+def _text_block(block: Any, where: str, skip: str | None = None) -> str:
+    """A text block's text, none if it starts with `skip`: system prompts and tool results hold text blocks
+    alone."""
+    if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+        raise ApiError(400, f"{where}: only text blocks can go here", "unsupported_content", where)
+    text: str = block["text"]
+    return "" if skip is not None and text.startswith(skip) else text
 
 
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:

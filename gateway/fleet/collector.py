@@ -173,3 +173,8 @@ def adapter_facts(adapters: FleetAdapters, servers: Iterable[Server]) -> list[Me
         version.add_metric([policy], {"version": live.version, "adapter": live.name})
         serving.add_metric([policy], sum(s.healthy and live.name in s.models for s in servers))
     return [version, serving]
+
+
+FACT_NAMES = frozenset(family.name for family in (*fleet_facts(()), *adapter_facts(FleetAdapters(), ())))
+"""The families of `fleet_facts` and `adapter_facts`, which make the same ones whatever the fleet holds: the
+leader's to export (`gateway.replicas.facts`)."""

@@ -259,12 +259,14 @@ class EngineClient:
                 self._failed(server)
                 raise BackendFailure("failed", f"backend {server.url} failed: {exc}", server.url) from exc
             except BaseException:  # cancelled (the agent left), or unforeseen: the connection is given back
-                _left(server)
+                _release_connection(server)
                 raise
             server.took(time.monotonic() - started)
             if connection.status >= 500:
                 server.errors += 1
-            return Routed(server.url, BackendReply(connection, partial(_left, server)), moved_from)
+            return Routed(
+                server.url, BackendReply(connection, partial(_release_connection, server)), moved_from
+            )
         message = f"no backend reachable ({', '.join(self.fleet.servers)}): {last_error!r}"
         raise BackendFailure("unreachable", message) from last_error
 
@@ -278,9 +280,9 @@ class EngineClient:
             try:
                 connection = await self._post(server.url, ahead.path, ahead.copy)
             except BaseException:
-                _left(server)
+                _release_connection(server)
                 raise
-            await BackendReply(connection, partial(_left, server)).body()
+            await BackendReply(connection, partial(_release_connection, server)).body()
 
     async def _connection(self, server: Server) -> None:
         """Take one of the server's connections, waiting in the queue while all are busy."""
@@ -309,7 +311,7 @@ class EngineClient:
             self.waited(time.monotonic() - started)
 
     def _failed(self, server: Server) -> None:
-        _left(server)
+        _release_connection(server)
         server.errors += 1
 
     def _eject(self, server: Server, why: str) -> None:
@@ -447,7 +449,7 @@ class EngineClient:
         await self._session.close()
 
 
-def _left(server: Server) -> None:
+def _release_connection(server: Server) -> None:
     """The call gave its connection back."""
     server.in_flight -= 1
     server.connections.release()

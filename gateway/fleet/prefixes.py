@@ -138,7 +138,8 @@ class PrefixIndex:
     def __init__(self) -> None:
         self.servers: dict[str, ServerBlocks] = {}
 
-    def of(self, url: str) -> ServerBlocks:
+    def server_blocks(self, url: str) -> ServerBlocks:
+        """The server's index, an empty one the first time the server is heard of."""
         return self.servers.setdefault(url, ServerBlocks())
 
     def cached(self, ids: np.ndarray, urls: Sequence[str], adapter: int = 0) -> dict[str, int]:
@@ -162,7 +163,7 @@ class PrefixIndex:
     def saw(self, url: str, ids: np.ndarray, adapter: int = 0) -> None:
         """A call's prompt and reply ids, as the server `url` computed them with the weights `adapter`
         keys."""
-        server = self.of(url)
+        server = self.server_blocks(url)
         if server.from_events:
             return
         server.held.update(keys(ids, server.block_size, adapter).tolist())
@@ -174,7 +175,7 @@ class PrefixIndex:
     def follow(self, url: str, block_size: int) -> ServerBlocks:
         """The server's events feed its index from now on, at its own block size: what its calls told is
         dropped (the events replayed from the start of its buffer say what it holds)."""
-        server = self.of(url)
+        server = self.server_blocks(url)
         if not server.from_events or server.block_size != block_size:
             server.clear()
             server.from_events, server.block_size = True, block_size

@@ -11,32 +11,13 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.fleet.collector import adapter_facts, fleet_facts
+from gateway.fleet.collector import FACT_NAMES, adapter_facts, fleet_facts
 from gateway.fleet.fleet import Fleet
 from gateway.store.backlog import Backlog
 from gateway.store.store import Store
 from gateway.turns.recording import Recorder
 from gateway.turns.traffic import Traffic
 
-NAMES = frozenset(
-    {
-        "gateway_paused",
-        "gateway_policy_version",
-        "gateway_rollouts_running",
-        "gateway_rollouts_expired",
-        "gateway_groups_unclaimed",
-        "gateway_backend_healthy",
-        "gateway_backend_draining",
-        "gateway_backend_pinned_rollouts",
-        "gateway_backend_prefix_cache_hit_ratio",
-        "gateway_model_backends",
-        "gateway_model_backends_healthy",
-        "gateway_backend_adapter_errors",
-        "gateway_lora_version",
-        "gateway_lora_backends_healthy",
-    }
-)
-"""The families only the leader exports: a scrape that merges a port's processes takes them from one."""
 REFRESH = 5.0
 """Seconds the store's counts are kept between heartbeats: they are aggregates, not a hot path."""
 
@@ -70,30 +51,40 @@ class RunFacts(Collector):
     def collect(self) -> Iterator[Metric]:
         if not self._leads():
             return
-        yield GaugeMetricFamily(
-            "gateway_paused",
-            "1 while agent calls are held (an admin pause).",
-            value=float(self._traffic.paused),
-        )
-        yield InfoMetricFamily(
+        yield from _run_facts(self._traffic.paused, self._recorder.policy_version, self._backlog)
+        yield from fleet_facts(list(self._fleet.servers.values()))
+        yield from adapter_facts(self._fleet.adapters, list(self._fleet.servers.values()))
+
+
+def _run_facts(paused: bool, policy_version: str, backlog: Backlog | None) -> list[Metric]:
+    """The run's own facts; the store's counts once read (`backlog`)."""
+    facts: list[Metric] = [
+        GaugeMetricFamily(
+            "gateway_paused", "1 while agent calls are held (an admin pause).", value=float(paused)
+        ),
+        InfoMetricFamily(
             "gateway_policy_version",
             "The policy version the gateway stamps on new turns.",
-            value={"policy_version": self._recorder.policy_version},
-        )
-        if self._backlog is not None:
-            yield GaugeMetricFamily(
-                "gateway_rollouts_running", "Rollouts running.", value=self._backlog.running
-            )
-            yield GaugeMetricFamily(
+            value={"policy_version": policy_version},
+        ),
+    ]
+    if backlog is not None:
+        facts += [
+            GaugeMetricFamily("gateway_rollouts_running", "Rollouts running.", value=backlog.running),
+            GaugeMetricFamily(
                 "gateway_rollouts_expired",
                 "Rollouts the gateway expired: no call or control request for --rollout-idle-timeout.",
-                value=self._backlog.expired,
-            )
-            yield GaugeMetricFamily(
+                value=backlog.expired,
+            ),
+            GaugeMetricFamily(
                 "gateway_groups_unclaimed",
                 "Groups ready for training (every member finished) that no trainer has claimed: the "
                 "trainers' backlog.",
-                value=self._backlog.unclaimed_groups,
-            )
-        yield from fleet_facts(list(self._fleet.servers.values()))
-        yield from adapter_facts(self._fleet.adapters, list(self._fleet.servers.values()))
+                value=backlog.unclaimed_groups,
+            ),
+        ]
+    return facts
+
+
+NAMES = FACT_NAMES | {family.name for family in _run_facts(False, "", Backlog(0, 0, 0))}
+"""The families only the leader exports: a scrape that merges a port's processes takes them from one."""

@@ -1,8 +1,8 @@
 """What the leading process finds of the fleet becomes the run state: health checks each --health-interval
 (which also load the live LoRA versions a server lacks, and unload retired ones no call holds),
 the servers a --backend-file lists, and (from any process) a server a call could not connect to or one a call
-that no server took found back (`EngineClient.revive`): `ejected` and `found` are the engine client's, as
-`gateway.app.wire` builds it."""
+that no server took found back (`EngineClient.revive`): `ejected` and `publish_health` are the engine
+client's, as `gateway.app.wire` builds it."""
 
 from __future__ import annotations
 
@@ -32,14 +32,14 @@ async def checked(
                 if listing is not None:
                     await listed(replica, listing.changed())
                 servers = list(fleet.servers.values())
-                await found(replica, *await asyncio.gather(*map(engine.check, servers)))
+                await publish_health(replica, *await asyncio.gather(*map(engine.check, servers)))
                 await adapters.release(replica, fleet, engine)
             except Exception as exc:  # the store or a server failed this round: the next one tries again
                 log.warning("health checks failed to publish: %r", exc)
         await asyncio.sleep(interval)
 
 
-async def found(replica: Replica, *findings: Found) -> None:
+async def publish_health(replica: Replica, *findings: Found) -> None:
     """What health checks found of the servers becomes the run state's."""
 
     def health(state: RunState) -> None:

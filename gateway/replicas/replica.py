@@ -122,7 +122,7 @@ class Replica:
         state = await self._run(
             stored_processes.register, self.process, self.held, self._report(), self.timeout
         )
-        self.take(state)
+        self.adopt_if_newer(state)
         self._confirmed = began
         log.info(
             "process %s joined the gateway at run state epoch %d (policy version %s%s)",
@@ -131,7 +131,7 @@ class Replica:
             state.policy_version,
             ", paused" if state.paused else "",
         )
-        self.keep(self._follow())
+        self.run_in_background(self._follow())
         loop = asyncio.get_running_loop()
         self._beats = threading.Thread(target=self._beat_aside, args=(loop,), name="heartbeat", daemon=True)
         self._beats.start()
@@ -160,10 +160,10 @@ class Replica:
             edit(state)
             if state != self.held:
                 state.epoch = self.held.epoch + 1
-                self.take(state)
+                self.adopt_if_newer(state)
             return self.held
         state = await self._run(stored.change, edit, self.process_id)
-        self.take(state)
+        self.adopt_if_newer(state)
         if wait:
             await self._beat()
             await self._acknowledged(state.epoch)
@@ -270,10 +270,10 @@ class Replica:
                 state = await self._run(
                     stored_processes.register, self.process, self.held, self._report(), self.timeout
                 )
-                self.take(state)
+                self.adopt_if_newer(state)
                 epoch, pinned = state.epoch, {}
             if epoch > self.held.epoch:
-                self.take(await self._run(stored.read_run_state))
+                self.adopt_if_newer(await self._run(stored.read_run_state))
                 await self._run(stored_processes.beat, self.process_id, self._report())
             for server in self._fleet.servers.values():
                 server.pinned = pinned.get(server.url, 0)
@@ -298,7 +298,7 @@ class Replica:
             else:
                 self._confirmed = max(self._confirmed, began)
             if epoch > self.held.epoch:
-                loop.call_soon_threadsafe(self.keep, self._beat())
+                loop.call_soon_threadsafe(self.run_in_background, self._beat())
 
     async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if self.leads:
@@ -311,7 +311,7 @@ class Replica:
             self.leads = True
             log.info("process %s leads: it checks the servers' health for the gateway", self.process_id)
 
-    def take(self, state: RunState | None) -> None:
+    def adopt_if_newer(self, state: RunState | None) -> None:
         """Hold `state` unless this process already holds a newer one."""
         if state is None or state.epoch <= self.held.epoch:
             return
@@ -347,7 +347,7 @@ class Replica:
 
         return await asyncio.to_thread(run)
 
-    def keep(self, work: Any) -> None:
+    def run_in_background(self, work: Any) -> None:
         """Run `work` in the background, held until done (closing cancels it)."""
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)

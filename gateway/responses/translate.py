@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import ApiError, string_field
+from gateway.errors import ApiError, joined_text, string_field
 from gateway.turns.sampling import ENGINE_FIELDS
 
 CUSTOM_INPUT = "input"
@@ -128,12 +128,15 @@ def input_messages(items: list[dict[str, Any]], names: ToolNames) -> list[dict[s
         kind = item.get("type", "message")
         if kind == "message" and item.get("role") != "assistant":
             messages.append(
-                {"role": _role(item, where), "content": _text(item.get("content"), f"{where}.content")}
+                {
+                    "role": _role(item, where),
+                    "content": joined_text(item.get("content"), f"{where}.content", "parts", _part_text),
+                }
             )
             stage = -1
             continue
         if kind == "function_call_output" or kind == "custom_tool_call_output":
-            output = _text(item.get("output"), f"{where}.output")
+            output = joined_text(item.get("output"), f"{where}.output", "parts", _part_text)
             messages.append(
                 {"role": "tool", "tool_call_id": string_field(item, "call_id", where), "content": output}
             )
@@ -148,7 +151,7 @@ def input_messages(items: list[dict[str, Any]], names: ToolNames) -> list[dict[s
         if kind == "reasoning":
             reply["reasoning"] = _reasoning(item)
         elif kind == "message":
-            reply["content"] = _text(item.get("content"), f"{where}.content")
+            reply["content"] = joined_text(item.get("content"), f"{where}.content", "parts", _part_text)
         else:
             reply.setdefault("tool_calls", []).append(_tool_call(item, kind, where))
     return messages
@@ -183,24 +186,18 @@ def _reasoning(item: dict[str, Any]) -> str:
     return "".join(part.get("text") or "" for part in parts if isinstance(part, dict))
 
 
-def _text(value: Any, where: str) -> str:
-    """A string, or text parts joined: what messages and tool outputs hold."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise ApiError(400, f"{where}: expected text or a list of text parts", "invalid_request", where)
-    texts = []
-    for index, part in enumerate(value):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS:
-            raise ApiError(
-                400,
-                f"{where}.{index}: {kind!r} parts are not supported: the served model takes text",
-                "unsupported_content",
-                f"{where}.{index}.type",
-            )
-        texts.append(part.get("text") or part.get("refusal") or "")
-    return "".join(texts)
+def _part_text(part: Any, where: str) -> str:
+    """A text part's text (a refusal's, for a refusal): the served model takes text alone."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind not in _TEXT_PARTS:
+        raise ApiError(
+            400,
+            f"{where}: {kind!r} parts are not supported: the served model takes text",
+            "unsupported_content",
+            f"{where}.type",
+        )
+    text: str = part.get("text") or part.get("refusal") or ""
+    return text
 
 
 def _unsupported(kind: Any, where: str) -> ApiError:

@@ -29,7 +29,7 @@ length, not with its square. This module is the writer's: readers need only `del
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -281,7 +281,7 @@ def _equal_prefix(a: Messages | None, b: Messages | None) -> int:
     return n
 
 
-def lineage_of(rows: list[Mapping[str, Any]]) -> tuple[Lineage, dict[int, Node]]:
+def lineage_of(rows: Sequence[Mapping[Any, Any]]) -> tuple[Lineage, dict[int, Node]]:
     """A rollout's lineage rebuilt from all its rows, and every node with its full sequence."""
     full = rebuild(rows)
     lineage = Lineage()

@@ -341,34 +341,11 @@ class Operations:
     def _lineage(self, conn: Connection, rollout_id: str) -> Lineage:
         lineage = self._caches.lineage(rollout_id)
         if lineage is None:
-            lineage, _ = lineage_of(self._rows(conn, rollout_id))
+            lineage, _ = lineage_of(reads.turns_in_order(conn, rollout_id, replies=True))
         self._caches.hold_lineage(rollout_id, lineage)
         return lineage
 
-    def _rows(self, conn: Connection, rollout_id: str) -> list[Any]:
-        t = schema.turns
-        return list(
-            conn.execute(
-                select(
-                    t.c.turn_index,
-                    t.c.status,
-                    t.c.parent_turn,
-                    t.c.forked_from,
-                    t.c.prefix_tokens,
-                    t.c.prompt_ids,
-                    t.c.completion_ids,
-                    t.c.prefix_messages,
-                    t.c.messages,
-                    t.c.content,
-                    t.c.tool_calls,
-                    t.c.finish_reason,
-                )
-                .where(t.c.rollout_id == rollout_id)
-                .order_by(t.c.turn_index)
-            ).mappings()
-        )
-
     def _node(self, conn: Connection, rollout_id: str, index: int) -> Node:
         """A turn's full ids and messages, read back from the database (it left the in-memory lineage)."""
-        _, nodes = lineage_of(self._rows(conn, rollout_id))
+        _, nodes = lineage_of(reads.turns_in_order(conn, rollout_id, replies=True))
         return nodes[index]

@@ -22,7 +22,7 @@ import numpy as np
 from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
+from gateway.store import reads, schema
 from gateway.store.delta import rebuild
 from gateway.store.tokens import unpack_ids
 
@@ -147,24 +147,7 @@ def loads(conn: Connection, group_id: str, group_size: int | None) -> Loads:
 
 def history(conn: Connection, rollout_id: str) -> np.ndarray | None:
     """The ids of the rollout's last answered turn, its prompt and its reply (None before any)."""
-    t = schema.turns
-    rows = (
-        conn.execute(
-            select(
-                t.c.turn_index,
-                t.c.status,
-                t.c.parent_turn,
-                t.c.forked_from,
-                t.c.prefix_tokens,
-                t.c.prompt_ids,
-                t.c.completion_ids,
-            )
-            .where(t.c.rollout_id == rollout_id)
-            .order_by(t.c.turn_index)
-        )
-        .mappings()
-        .all()
-    )
+    rows = reads.turns_in_order(conn, rollout_id, replies=False)
     answered = [row["turn_index"] for row in rows if row["status"] == "ok"]
     if not answered:
         return None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import bindparam, func, select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, RowMapping
 
 from gateway.store import schema
 from gateway.store.database import DriverStatement
@@ -48,6 +49,35 @@ def rollout_state(conn: Connection, rollout_id: str) -> RolloutState | None:
     status, mode, api_key_hash, limits, sampling, calls, group_size, policy = row
     limited = Limits.from_json(limits)
     return RolloutState(status, mode, api_key_hash, limited, calls, sampling, group_size, policy)
+
+
+_REBUILT = (
+    schema.turns.c.turn_index,
+    schema.turns.c.status,
+    schema.turns.c.parent_turn,
+    schema.turns.c.forked_from,
+    schema.turns.c.prefix_tokens,
+    schema.turns.c.prompt_ids,
+    schema.turns.c.completion_ids,
+)
+"""What `delta.rebuild` restores a turn's full prompt from, with its status."""
+_REPLIED = (
+    schema.turns.c.prefix_messages,
+    schema.turns.c.messages,
+    schema.turns.c.content,
+    schema.turns.c.tool_calls,
+    schema.turns.c.finish_reason,
+)
+"""What `lineage.lineage_of` needs besides: each turn's messages and reply."""
+
+
+def turns_in_order(conn: Connection, rollout_id: str, *, replies: bool) -> Sequence[RowMapping]:
+    """The rollout's turns in order, as `delta.rebuild` takes them; with `replies`, as `lineage.lineage_of`
+    does (their messages rebuilt too). Without, the messages are not read: a read of ids alone stays light."""
+    t = schema.turns
+    columns = (*_REBUILT, *_REPLIED) if replies else _REBUILT
+    rows = conn.execute(select(*columns).where(t.c.rollout_id == rollout_id).order_by(t.c.turn_index))
+    return rows.mappings().all()
 
 
 def response_turn(conn: Connection, rollout_id: str, response_id: str) -> dict[str, Any] | None:

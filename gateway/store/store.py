@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from sqlalchemy.engine import Connection
 
 from gateway.store import expiry, reads
 from gateway.store.backlog import Backlog, backlog
@@ -15,6 +17,8 @@ from gateway.store.pins import Pick, Pin
 from gateway.store.records import NewRollout, Reward, RolloutState
 from gateway.store.writer import StoreWriter
 
+P = ParamSpec("P")
+T = TypeVar("T")
 _CHECKPOINT_INTERVAL = 0.2
 """Seconds between SQLite's WAL checkpoints while turns are written (`checkpoints`)."""
 
@@ -67,8 +71,16 @@ class Store:
     def commits(self) -> int:
         return self.writer.commits
 
-    async def get_rollout(self, rollout_id: str, **options: bool) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self._read, reads.get_rollout, rollout_id, **options)
+    async def get_rollout(
+        self, rollout_id: str, *, include_tokens: bool = False, include_messages: bool = False
+    ) -> dict[str, Any] | None:
+        return await asyncio.to_thread(
+            self._read,
+            reads.get_rollout,
+            rollout_id,
+            include_tokens=include_tokens,
+            include_messages=include_messages,
+        )
 
     async def backlog(self) -> Backlog:
         return await asyncio.to_thread(self._read, backlog)
@@ -76,7 +88,7 @@ class Store:
     async def response_turn(self, rollout_id: str, response_id: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(self._read, reads.response_turn, rollout_id, response_id)
 
-    def _read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _read(self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
         with self.engine.connect() as conn:
             return fn(conn, *args, **kwargs)
 

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.fleet.health import Found
-from gateway.replicas.publish import found
+from gateway.replicas.publish import publish_health
 from gateway.turns.exact import RENDER
 from trainer_client import SampleOptions, TrainerClient
 
@@ -29,7 +29,9 @@ async def started(start, servers: list[str], **settings: Any) -> Any:
     """A gateway whose servers serve `tiny`, as their health checks found them, with the LoRA policy
     `agent` on it."""
     gw = await start(**({"backend": servers, "lora_policy": ["agent=tiny"]} | settings))
-    await found(gw.app.state.admin.replica, *(Found(url, frozenset({"tiny"}), None) for url in servers))
+    await publish_health(
+        gw.app.state.admin.replica, *(Found(url, frozenset({"tiny"}), None) for url in servers)
+    )
     return gw
 
 

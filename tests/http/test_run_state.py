@@ -16,7 +16,7 @@ from gateway.app import create_app
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.health import Found
 from gateway.fleet.weight_versions import FleetWeights
-from gateway.replicas.publish import found, listed
+from gateway.replicas.publish import listed, publish_health
 from gateway.replicas.replica import Replica
 from gateway.settings import Settings
 from gateway.store.run_state import RunState, ServerEntry
@@ -110,7 +110,7 @@ def held(state: Worker) -> list[tuple[str, bool, bool, list[str], int, str | Non
 async def test_a_process_holds_each_servers_health_models_and_weights_as_the_run_state_says(worker):
     state = worker
 
-    state.replica.take(
+    state.replica.adopt_if_newer(
         run_state(1, entry(A, models=("tiny",)), entry(B, healthy=False, reloads=0, version=None))
     )
 
@@ -120,9 +120,9 @@ async def test_a_process_holds_each_servers_health_models_and_weights_as_the_run
 
 async def test_an_older_run_state_arriving_late_changes_nothing(worker):
     state = worker
-    state.replica.take(run_state(2, entry(A), entry(B), version="3"))
+    state.replica.adopt_if_newer(run_state(2, entry(A), entry(B), version="3"))
 
-    state.replica.take(run_state(1, entry(A, version="2"), version="2"))
+    state.replica.adopt_if_newer(run_state(1, entry(A, version="2"), version="2"))
 
     assert (state.recorder.policy_version, sorted(state.fleet.servers), state.replica.held.epoch) == (
         "3",
@@ -134,7 +134,7 @@ async def test_an_older_run_state_arriving_late_changes_nothing(worker):
 async def test_servers_join_drain_and_leave_as_the_run_state_says(worker):
     state = worker
 
-    state.replica.take(run_state(1, entry(A, draining=True), entry(C, healthy=False)))
+    state.replica.adopt_if_newer(run_state(1, entry(A, draining=True), entry(C, healthy=False)))
 
     assert held(state) == [(A, True, True, [], 1, "3"), (C, False, False, [], 1, "3")]
 
@@ -142,9 +142,9 @@ async def test_servers_join_drain_and_leave_as_the_run_state_says(worker):
 async def test_the_pause_is_the_run_states(worker):
     state = worker
 
-    state.replica.take(run_state(1, entry(A), entry(B), paused=True))
+    state.replica.adopt_if_newer(run_state(1, entry(A), entry(B), paused=True))
     assert state.traffic.paused is True
-    state.replica.take(run_state(2, entry(A), entry(B)))
+    state.replica.adopt_if_newer(run_state(2, entry(A), entry(B)))
 
     assert state.traffic.paused is False
 
@@ -156,14 +156,14 @@ async def test_health_checks_findings_become_the_run_states_and_finding_nothing_
     epoch = state.replica.held.epoch
     ejected = Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5, healthy=False)
 
-    await found(state.replica, ejected)
-    await found(state.replica, ejected)
+    await publish_health(state.replica, ejected)
+    await publish_health(state.replica, ejected)
 
     assert held(state)[0] == (A, False, False, ["tiny"], 0, None)
-    await found(state.replica, Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5))
+    await publish_health(state.replica, Found(A, models=frozenset({"tiny"}), prefix_cache_hit_rate=0.5))
     assert held(state)[0] == (A, False, False, ["tiny"], 0, None)  # a check that changed nothing
     admitted = Found(A, frozenset({"tiny"}), 0.5, healthy=True, weights=FleetWeights(2, "4"))
-    await found(state.replica, admitted)
+    await publish_health(state.replica, admitted)
     assert held(state)[0] == (A, True, False, ["tiny"], 2, "4")
     assert state.fleet.servers[A].prefix_cache_hit_rate == 0.5
     assert state.replica.held.epoch == epoch + 2

@@ -4,14 +4,20 @@ leader's facts taken once."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import orjson
+import pytest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.fleet.collector import LoadCollector, fleet_facts
+from gateway.fleet.fleet import Fleet
 from gateway.fleet.servers import Server
 from gateway.metrics import Metrics, Samples, exposition_with, samples
+from gateway.replicas.facts import NAMES, RunFacts
+from gateway.store.backlog import Backlog
 
 FACTS = frozenset({"gateway_backend_healthy", "gateway_backend_pinned_rollouts", "gateway_paused"})
 
@@ -103,3 +109,20 @@ def test_one_worker_alone_scrapes_as_without_workers():
 
     assert alone[("gateway_requests_total", (("endpoint", "chat"), ("status", "200")))] == 1
     assert alone[("gateway_backend_pinned_rollouts", (("backend", "http://vllm-a"),))] == 4
+
+
+@pytest.mark.anyio
+async def test_the_families_taken_from_one_worker_are_those_a_leading_process_exports():
+    class Counted:
+        async def backlog(self) -> Backlog:
+            return Backlog(running=2, expired=1, unclaimed_groups=0)
+
+    fleet = Fleet(["http://vllm-a"], max_connections=1, left=lambda _url: None, lora_bases={"agent": "m"})
+    store: Any = Counted()
+    traffic: Any = SimpleNamespace(paused=False)
+    recorder: Any = SimpleNamespace(policy_version="0")
+    facts = RunFacts(lambda: True, store, fleet, traffic, recorder)
+    await facts.refresh()
+
+    assert {family.name for family in facts.collect()} == NAMES
+    assert len(NAMES) == 14
