@@ -30,6 +30,20 @@ ADDRESS_IN_USE = "address already in use"
 _live: set[ManagedProcess] = set()
 
 
+_refusing: list[socket.socket] = []
+
+
+def refusing_port() -> int:
+    """A port of 127.0.0.1 where every connection is refused for the rest of this process: a socket bound
+    there and never listening holds it, so no server started later takes it, as a merely free port can be
+    taken by the next server started. One for the whole process: what is refused once is refused always."""
+    if not _refusing:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        _refusing.append(sock)
+    return int(_refusing[0].getsockname()[1])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A free port below the kernel's ephemeral range, so that no outgoing connection takes it before the
     child binds it. Callers still retry on a bind failure: another program may take it."""

@@ -29,7 +29,7 @@ from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY
 from gateway.settings import Settings
 from gateway.store.database import make_engine
 from testbed.launcher import GatewayProcess
-from testbed.process import free_port
+from testbed.process import refusing_port
 from testbed.vllm_server import VLLMServer
 
 from support import TIMEOUT, VLLM_KEY
@@ -261,7 +261,7 @@ def inprocess(databases: Databases, db_kind: str) -> Iterator[Any]:
 
     def start(**settings: Any) -> TestClient:
         settings.setdefault("db", databases.new(db_kind))
-        settings.setdefault("backend", [f"http://127.0.0.1:{free_port()}"])
+        settings.setdefault("backend", [f"http://127.0.0.1:{refusing_port()}"])
         client = TestClient(create_app(Settings(**settings)), raise_server_exceptions=False)
         client.__enter__()
         client.url = str(client.base_url).rstrip("/")  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from testbed.process import free_port
+from testbed.process import refusing_port
 
 from support import TIMEOUT, VLLM_HEADERS, assert_openai_error, on_store, stored_rollout, sync_agent
 
@@ -79,7 +79,7 @@ def test_request_vllm_refuses_is_passed_on_and_stored_as_an_error_turn(gateway, 
 
 def test_unreachable_backend_gives_503_and_an_error_turn(start_gateway, databases, db_kind, rollout_id):
     db_url = databases.new(db_kind)
-    dead = start_gateway(db_url, backends=[f"http://127.0.0.1:{free_port()}"])
+    dead = start_gateway(db_url, backends=[f"http://127.0.0.1:{refusing_port()}"])
     client = sync_agent(dead.agent_url(rollout_id))
 
     with pytest.raises(openai.InternalServerError) as raised:
@@ -99,7 +99,7 @@ def test_unreachable_backend_gives_503_and_an_error_turn(start_gateway, database
 
 def test_second_backend_serves_when_the_first_is_down(start_gateway, databases, db_kind, vllm, rollout_id):
     db_url = databases.new(db_kind)
-    pair = start_gateway(db_url, backends=[f"http://127.0.0.1:{free_port()}", vllm.url])
+    pair = start_gateway(db_url, backends=[f"http://127.0.0.1:{refusing_port()}", vllm.url])
     client = sync_agent(pair.agent_url(rollout_id))
     for _ in range(2):
         client.chat.completions.create(**CHAT)

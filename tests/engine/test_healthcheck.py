@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.process import free_port
+from testbed.process import refusing_port
 
 from support import TIMEOUT
 from support.gateways import GatewayThread
@@ -40,9 +40,11 @@ def check(port: int) -> int:
 
 def test_the_images_healthcheck_probes_the_port_gateway_port_names(tmp_path):
     gateway = GatewayThread(
-        [f"http://127.0.0.1:{free_port()}"], f"sqlite:///{tmp_path / 'gateway.db'}", log_path=tmp_path / "log"
+        [f"http://127.0.0.1:{refusing_port()}"],
+        f"sqlite:///{tmp_path / 'gateway.db'}",
+        log_path=tmp_path / "log",
     ).start()
     try:
-        assert (check(gateway.port), check(free_port())) == (0, 1)
+        assert (check(gateway.port), check(refusing_port())) == (0, 1)
     finally:
         gateway.stop()

@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.settings import Settings
-from testbed.process import free_port
+from testbed.process import refusing_port
 
 from support import TIMEOUT, client_of, stored_rollout, streamed_reply, sync_agent
 from support.otlp import OtlpReceiver, ReceivedSpan
@@ -163,7 +163,7 @@ def call_unreachable_backend(settings: Settings, rollout_id: str) -> TestClient:
 
 
 def offline_settings(databases, **fields: Any) -> Settings:
-    return Settings(db=databases.new("sqlite"), backend=[f"http://127.0.0.1:{free_port()}"], **fields)
+    return Settings(db=databases.new("sqlite"), backend=[f"http://127.0.0.1:{refusing_port()}"], **fields)
 
 
 def test_without_an_endpoint_no_exporter_is_built_and_no_span_is_sent(

@@ -19,7 +19,7 @@ import pytest
 
 from gateway.fleet.engine import EngineClient
 from gateway.fleet.replies import BackendFailure
-from testbed.process import free_port
+from testbed.process import refusing_port
 
 from support import until
 from support.fleets import engine_client
@@ -227,7 +227,7 @@ async def test_health_checks_that_time_out_eject_a_server_whose_models_another_s
 
 
 async def test_health_checks_refused_eject_even_the_last_server():
-    refused = f"http://127.0.0.1:{free_port()}"  # nothing listens there: refused at once, however slow
+    refused = f"http://127.0.0.1:{refusing_port()}"  # nothing listens there: refused at once, however slow
     pool = engine_client([refused], timeout=5, connect_timeout=60, max_connections=4, max_queued=16)
     try:
         assert await checked_twice(pool, refused) is False

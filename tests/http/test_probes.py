@@ -18,7 +18,7 @@ from gateway.app import create_app
 from gateway.settings import Settings
 from gateway.store.database import alembic_config, ensure_schema, head_revision, make_engine
 from gateway.store.store import Store
-from testbed.process import free_port
+from testbed.process import refusing_port
 
 import support
 from support.fake_engine import URL, HeldReply, Scripted, chat_stream
@@ -107,7 +107,7 @@ async def test_a_replica_cut_off_from_its_store_is_unready_as_it_refuses_agent_c
     ):
         reached = store.engine
         # What the heartbeats go through, now to a port where nothing listens: as a host cut off.
-        store.engine = make_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/test")
+        store.engine = make_engine(f"postgresql://postgres@127.0.0.1:{refusing_port()}/test")
         await support.until(lambda: reasons(client, cut_off), "readyz to say the store is out of reach")
         lost = await client.get("/readyz")
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
