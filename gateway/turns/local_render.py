@@ -89,9 +89,13 @@ class LocalRenders:
     async def render(
         self, model: str | None, body: dict[str, Any], backend: Callable[[], Awaitable[list[int]]]
     ) -> list[int]:
-        """The prompt's ids: rendered here where this model's renderer is trusted, else by `backend`."""
+        """The prompt's ids: rendered here where this model's renderer is trusted, else by `backend`. `model`
+        is the served model whose renderer renders: an adapter's call renders as its base model's, under the
+        base's name (vLLM's renderer knows no adapter)."""
         if model is None or (renderer := self._by_model.get(model)) is None:
             return await backend()
+        if body.get("model") != model:
+            body = {**body, "model": model}
         if model in self._trusted:
             return await renderer.render(body) or await backend()
         here, there = await asyncio.gather(renderer.render(body), backend())
