@@ -34,11 +34,13 @@ from gateway.openai.router import tokens_router
 from gateway.openapi import install_docs, install_openapi
 from gateway.replicas import adapters, publish
 from gateway.replicas.expiry import expiring
-from gateway.replicas.replica import Replica
+from gateway.replicas.replica import LocalReplica, Replica
+from gateway.replicas.shared import SharedReplica
 from gateway.responses.protocol import ResponsesRequest
 from gateway.responses.router import router as responses_router
 from gateway.settings import PlacementPolicy, Settings
-from gateway.store.database import display_url, ensure_schema
+from gateway.store.database import display_url, ensure_schema, is_sqlite
+from gateway.store.processes import ProcessIdentity
 from gateway.store.records import Limits
 from gateway.store.status import Mode
 from gateway.store.store import Store
@@ -63,7 +65,7 @@ def create_app(settings: Settings, *, store: Store | None = None, engine: Script
     """The gateway's app. It builds its store from `settings` at start-up unless given one (then it leaves it
     open at shutdown: whoever made it closes it), and its fleet and engine client, or the `engine` given on
     its fleet (then no health checks run). On PostgreSQL it is one process of a gateway that may have many,
-    on this host and others (`gateway.replicas.replica`)."""
+    on this host and others (`gateway.replicas.shared`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -206,7 +208,23 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
     metrics.registry.register(KvEventsCollector(lambda: fleet.events))
     spans = TurnSpans(settings.otlp_endpoint) if settings.otlp_endpoint else None
     recorder = Recorder(store, metrics, settings.policy_version, spans, fleet.prefixes)
-    replica = Replica(settings, store, fleet, traffic, recorder, metrics)
+    identity = ProcessIdentity.of_this_process(settings.port)
+    replica: Replica = (
+        LocalReplica(identity, store, fleet, traffic, recorder, metrics, timeout=settings.process_timeout)
+        if is_sqlite(settings.db)
+        else SharedReplica(
+            identity,
+            store,
+            fleet,
+            traffic,
+            recorder,
+            metrics,
+            db=settings.db,
+            interval=settings.heartbeat_interval,
+            timeout=settings.process_timeout,
+            share_samples=settings.workers > 1,
+        )
+    )
     engine = (
         scripted(fleet)
         if scripted is not None

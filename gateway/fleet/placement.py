@@ -52,7 +52,7 @@ class Placement:
         self.placed = placed
         self._pins: OrderedDict[str, tuple[str, bool]] = OrderedDict()
         """Rollout -> (its server, whether this process placed it there: those it adds to `pinned` until a
-        heartbeat brings the store's count, `gateway.replicas.replica`)."""
+        heartbeat brings the store's count, `gateway.replicas.shared`)."""
 
     async def route(self, rollout_id: str, model: str | None) -> tuple[Server, str | None]:
         """The rollout's server, and the server it left if it moved. A model no server lists goes where any

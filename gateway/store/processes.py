@@ -1,11 +1,15 @@
 """The gateway's processes on PostgreSQL: each registers, heartbeats with what it reports of itself, and
-leaves; one whose heartbeat is late is dead (`gateway.replicas.replica` runs these in threads).
+leaves; one whose heartbeat is late is dead (`gateway.replicas.shared` runs these in threads).
 
 Times are the database's clock, as for the run state (`gateway.store.run_state`).
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -22,6 +26,29 @@ Like every lock of the gateway's processes it is taken with the schema's hash as
 in other schemas of the database are other gateways."""
 _FORGOTTEN_AFTER = 3600.0
 """Seconds after its last heartbeat a dead process's row is deleted (until then GET /admin/state lists it)."""
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """Who a gateway process is: its row's key and where it runs, as `gateway_processes` and GET /admin/state
+    name it."""
+
+    process_id: str
+    host: str
+    pid: int
+    port: int
+    """The port it serves on (its `--workers` share one)."""
+
+    @classmethod
+    def of_this_process(cls, port: int) -> ProcessIdentity:
+        """This process, under an id no other takes: a restarted container's process has the same host name
+        and pid again."""
+        host, pid = socket.gethostname(), os.getpid()
+        return cls(f"{host}-{pid}-{uuid.uuid4().hex[:6]}", host, pid, port)
+
+    def columns(self) -> dict[str, str | int]:
+        """Its columns of `gateway_processes`, which are also its fields of `ProcessRow`."""
+        return {"process_id": self.process_id, "host": self.host, "pid": self.pid, "port": self.port}
 
 
 class ServerLoad(BaseModel):
@@ -61,11 +88,11 @@ class ProcessRow(ProcessReport):
 
 
 def register(
-    conn: Connection, process: dict[str, Any], own: RunState, report: ProcessReport, timeout: float
+    conn: Connection, process: ProcessIdentity, own: RunState, report: ProcessReport, timeout: float
 ) -> RunState:
-    """Enter `process` (process_id, host, pid, port) and answer the run state it joins: the stored one while
-    another process is alive, else `own` (the first process of a gateway sets the run state from its
-    settings, so a paused or stale state left by processes that are all gone does not outlive them)."""
+    """Enter `process` and answer the run state it joins: the stored one while another process is alive, else
+    `own` (the first process of a gateway sets the run state from its settings, so a paused or stale state
+    left by processes that are all gone does not outlive them)."""
     conn.execute(
         text("SELECT pg_advisory_xact_lock(:key, hashtext(current_schema()))"), {"key": _REGISTER_LOCK}
     )
@@ -80,7 +107,7 @@ def register(
     else:
         state = stored
     values = _report_values(report) | {"applied_epoch": state.epoch}
-    conn.execute(insert(p).values(**process, started_at=at, heartbeat_at=at, **values))
+    conn.execute(insert(p).values(**process.columns(), started_at=at, heartbeat_at=at, **values))
     return state
 
 

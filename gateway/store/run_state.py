@@ -1,6 +1,6 @@
 """The gateway's run state on PostgreSQL: what every process of the gateway holds alike (the pause, the policy
 version, the weights, the vLLM servers with their health), numbered by its `epoch`. Each change is one
-transaction, announced with NOTIFY when it commits (`gateway.replicas.replica` runs these in threads).
+transaction, announced with NOTIFY when it commits (`gateway.replicas.shared` runs these in threads).
 
 Times are the database's clock (`clock_timestamp()`), so that hosts whose clocks differ agree.
 """

@@ -1,5 +1,5 @@
 """Admission of agent calls: counts those in flight, holds new ones while the gateway is paused, and turns
-them away while this process cannot confirm the run state with the store (`gateway.replicas.replica`)."""
+them away while this process cannot confirm the run state with the store (`gateway.replicas.shared`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ class Traffic:
         self.ended = 0
         """Calls that have ended."""
         self.confirmed: Callable[[], bool] = lambda: True
-        """Whether this process holds the run state as the store has it (set by `Replica`)."""
+        """Whether this process holds the run state as the store has it (set by `SharedReplica`; on SQLite it
+        always does)."""
 
     @property
     def paused(self) -> bool:

@@ -1,6 +1,6 @@
 """`gateway serve --workers N`: N processes accept on one port (uvicorn's supervisor starts them and restarts
 one that dies) and share one PostgreSQL store, where they hold the fleet alike as replicas on other hosts do
-(`gateway.replicas.replica`)."""
+(`gateway.replicas.shared`)."""
 
 from __future__ import annotations
 
