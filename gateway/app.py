@@ -195,7 +195,7 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
         BackendFile(settings.backend_file).read() if settings.backend_file else settings.backend,
         max_connections=settings.max_connections,
         left=calls.forget,
-        pins=store.pin if scripted is None else None,  # a scripted engine's pins stay in this process
+        pins=store if scripted is None else None,  # a scripted engine's pins stay in this process
         by_group=settings.placement == PlacementPolicy.GROUP,
         placed=lambda reason: metrics.placements.labels(reason=reason).inc(),
         kv_events=settings.kv_events,

@@ -9,19 +9,35 @@ moves goes where the servers' caches hold most of its history, as `gateway.fleet
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import replace
+from typing import Protocol
+
+import numpy as np
 
 from gateway.fleet.adapters import FleetAdapters
 from gateway.fleet.prefixes import PrefixIndex
 from gateway.fleet.replies import BackendFailure
 from gateway.fleet.routing import Reason, choose, place, usable
 from gateway.fleet.servers import Server
-from gateway.store.pins import Loads, Pick, Pin
+from gateway.store.pins import MOVES, Loads, Pick, Pin
 
-PinStore = Callable[[str, Pick, Collection[str]], Awaitable[Pin]]
-"""(rollout id, the choice of a server by the store's counts, servers that can keep a rollout) -> its pin:
-the store's compare-and-set of pins (`Store.pin`)."""
+
+class PinStore(Protocol):
+    """The store's pins (`gateway.store.Store`)."""
+
+    async def pin(
+        self, rollout_id: str, pick: Pick, usable: Collection[str], cached: dict[str, int] | None = None
+    ) -> Pin | str:
+        """The rollout's pin, set by compare-and-set with the server `pick` chooses by the store's counts
+        (in the store's transaction) where its stored one is not `usable`; MOVES where that one must be left
+        and `cached` was not given (`gateway.store.pins`)."""
+        ...
+
+    async def history(self, rollout_id: str) -> np.ndarray | None:
+        """The ids of the rollout's last answered turn, which the servers' caches may hold."""
+        ...
+
 
 Placed = Callable[[Reason], None]
 """Told why each rollout this process pinned went where it did (the app counts them)."""
@@ -74,33 +90,43 @@ class Placement:
         if self.pin_store is None:
             url, left, placed = candidate.url, pinned[0] if pinned else None, True
         else:
-            servers = list(self.servers.values())
-
+            servers = [replace(s) for s in self.servers.values()]  # as they are now, for the store's thread
             reason = Reason.LOAD
 
             def pick(loads: Loads) -> str:
-                """The choice by the store's loads (in the store's writer thread, in its transaction)."""
+                """The choice by the store's loads (in the store's writer thread, in its transaction): a
+                few comparisons per server, on copies of this loop's state."""
                 nonlocal reason
                 loaded = [replace(s, pinned=loads.servers.get(s.url, 0)) for s in servers]
-                cached = None
-                if loads.history is not None:
-                    urls = [s.url for s in servers]
-                    cached = self.prefixes.cached(loads.history, urls, self.adapters.key(model))
                 if self.by_group:
-                    found = place(loaded, loads.group_id, model, loads.group, loads.adds, cached, loads.seats)
+                    found = place(
+                        loaded, loads.group_id, model, loads.group, loads.adds, loads.cached, loads.seats
+                    )
                 else:
-                    found = place(loaded, rollout_id, model, cached=cached)
+                    found = place(loaded, rollout_id, model, cached=loads.cached)
                 if found is None:
                     return candidate.url
                 reason = found[1]
                 return found[0].url
 
-            url, left, placed = await self.pin_store(rollout_id, pick, keep)
+            answer = await self.pin_store.pin(rollout_id, pick, keep)
+            if answer == MOVES:
+                cached = await self._cached(self.pin_store, rollout_id, model)
+                answer = await self.pin_store.pin(rollout_id, pick, keep, cached)
+            assert isinstance(answer, Pin), "a pin asked with what the caches hold is set"
+            url, left, placed = answer
             if placed:
                 self.placed(reason)
         server = self.servers.get(url, candidate)
         self._remember(rollout_id, server.url, placed)
         return server, left if left != server.url else None
+
+    async def _cached(self, pins: PinStore, rollout_id: str, model: str | None) -> dict[str, int]:
+        """How many ids of the rollout's history each server's cache holds, as its weights computed them."""
+        history = await pins.history(rollout_id)
+        if history is None:
+            return {}
+        return self.prefixes.cached(history, list(self.servers), self.adapters.key(model))
 
     def _remember(self, rollout_id: str, url: str, placed: bool) -> None:
         known = self._pins.get(rollout_id)

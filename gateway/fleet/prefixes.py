@@ -144,8 +144,7 @@ class PrefixIndex:
 
     def cached(self, ids: np.ndarray, urls: Sequence[str], adapter: int = 0) -> dict[str, int]:
         """The ids of the history `ids` each of `urls` holds, computed by the weights `adapter` keys, for
-        those holding any. Asked from the store's thread while the event loop's adds to the index: a server
-        leaving meanwhile counts as holding none."""
+        those holding any; a server the index does not know counts as holding none."""
         found = {}
         for url in urls:
             server = self.servers.get(url)

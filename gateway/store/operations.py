@@ -168,14 +168,21 @@ class Operations:
         created = _CREATE_IF_ABSENT[conn.dialect.name].execute(conn, _rollout_row(new))
         return self._created(new) if created == 1 else None
 
-    def pin(self, conn: Connection, rollout_id: str, pick: pins.Pick, keep: Collection[str]) -> pins.Pin:
-        """The rollout's server (`gateway.store.pins`), creating the rollout an agent calls before anyone
-        registered it: one transaction, not three."""
-        answer = pins.pin(conn, rollout_id, pick, keep)
+    def pin(
+        self,
+        conn: Connection,
+        rollout_id: str,
+        pick: pins.Pick,
+        keep: Collection[str],
+        cached: dict[str, int] | None,
+    ) -> pins.Pin | str:
+        """The rollout's server (`gateway.store.pins`: a pin, or MOVES), creating the rollout an agent calls
+        before anyone registered it: one transaction, not three."""
+        answer = pins.pin(conn, rollout_id, pick, keep, cached)
         if answer == pins.MISSING:
             self._create_if_absent(conn, rollout_id)  # or another replica just did
-            answer = pins.pin(conn, rollout_id, pick, keep)
-        assert not isinstance(answer, str), "the rollout exists: it was just created or found"
+            answer = pins.pin(conn, rollout_id, pick, keep, cached)
+        assert answer != pins.MISSING, "the rollout exists: it was just created or found"
         return answer
 
     def insert_turn(self, conn: Connection, record: TurnRecord) -> int:

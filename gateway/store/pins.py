@@ -38,6 +38,11 @@ class Pin(NamedTuple):
 
 MISSING = "missing"
 """`pin`'s answer for a rollout that has no row yet (created on its first call)."""
+MOVES = "moves"
+"""`pin`'s answer, asked without `cached`, for a rollout whose stored server cannot keep it: where it goes
+depends on which servers' caches hold its history, which the caller looks up on its own loop (`history`,
+`gateway.fleet.prefixes`) before asking again with it, so that the transaction, which every other commit
+waits for, hashes no ids."""
 
 
 class Loads(NamedTuple):
@@ -55,9 +60,9 @@ class Loads(NamedTuple):
     seats: dict[str, int]
     """The part of `group` that is seats, held on its home for a declared group's members still to come: a
     server's load is held to its group's own bound without them (`gateway.fleet.routing.group_bound`)."""
-    history: np.ndarray | None = None
-    """A rollout moving off its server: its last turn's prompt and reply ids, which the servers' caches may
-    hold (`gateway.fleet.prefixes`)."""
+    cached: dict[str, int] | None = None
+    """A rollout moving off its server: how many ids of its history each server's cache holds, looked up
+    before the transaction (`MOVES`)."""
 
 
 Pick = Callable[[Loads], str]
@@ -66,9 +71,11 @@ Pick = Callable[[Loads], str]
 _PLACEMENT_LOCK = 0x726C_9A1E
 
 
-def pin(conn: Connection, rollout_id: str, pick: Pick, usable: Collection[str]) -> Pin | str:
+def pin(
+    conn: Connection, rollout_id: str, pick: Pick, usable: Collection[str], cached: dict[str, int] | None
+) -> Pin | str:
     """The stored pin if it is `usable`, else the server `pick` chooses. MISSING if the rollout has no
-    row."""
+    row; MOVES if it must move and `cached` is None."""
     r = schema.rollouts
     row = conn.execute(
         select(r.c.backend, r.c.group_id, r.c.group_size).where(r.c.rollout_id == rollout_id)
@@ -78,11 +85,11 @@ def pin(conn: Connection, rollout_id: str, pick: Pick, usable: Collection[str]) 
     current = row.backend
     if current is not None and current in usable:
         return Pin(current, None, placed=False)
+    if current is not None and cached is None:
+        return MOVES
     _lock_placement(conn)
     fleet = loads(conn, row.group_id, row.group_size)
-    if current is not None:
-        fleet = fleet._replace(history=history(conn, rollout_id))
-    candidate = pick(fleet)
+    candidate = pick(fleet._replace(cached=cached) if current is not None else fleet)
     condition = r.c.backend.is_(None) if current is None else r.c.backend == current
     moved = conn.execute(
         update(r).where(r.c.rollout_id == rollout_id, condition).values(backend=candidate)

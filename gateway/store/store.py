@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+import numpy as np
 from sqlalchemy.engine import Connection
 
-from gateway.store import expiry, reads
+from gateway.store import expiry, pins, reads
 from gateway.store.backlog import Backlog, backlog
 from gateway.store.checkpoints import Checkpointer
 from gateway.store.database import is_sqlite, make_engine
@@ -63,9 +64,15 @@ class Store:
             if len(idle_ids) < expiry.BATCH:
                 return expired
 
-    async def pin(self, rollout_id: str, pick: Pick, usable: Collection[str]) -> Pin:
-        """The server a rollout's calls go to, agreed through the store (`gateway.store.pins`)."""
-        return await self.writer.pin(rollout_id, pick, tuple(usable))
+    async def pin(
+        self, rollout_id: str, pick: Pick, usable: Collection[str], cached: dict[str, int] | None = None
+    ) -> Pin | str:
+        """The server a rollout's calls go to, agreed through the store (`gateway.store.pins`), or MOVES."""
+        return await self.writer.pin(rollout_id, pick, tuple(usable), cached)
+
+    async def history(self, rollout_id: str) -> np.ndarray | None:
+        """The ids of the rollout's last answered turn (`gateway.store.pins.history`), read off the writer."""
+        return await asyncio.to_thread(self._read, pins.history, rollout_id)
 
     @property
     def commits(self) -> int:

@@ -105,10 +105,12 @@ class StoreWriter:
             lambda conn: self._operations.create_rollout(conn, new), new.rollout_id, group
         )
 
-    async def pin(self, rollout_id: str, pick: Pick, keep: Collection[str]) -> Pin:
+    async def pin(
+        self, rollout_id: str, pick: Pick, keep: Collection[str], cached: dict[str, int] | None
+    ) -> Pin | str:
         """A rollout's first pin may create it, in the group its id names: that group is locked with it."""
         return await self.submit(
-            lambda conn: self._operations.pin(conn, rollout_id, pick, keep),
+            lambda conn: self._operations.pin(conn, rollout_id, pick, keep, cached),
             rollout_id,
             group_lock(rollout_id),
         )

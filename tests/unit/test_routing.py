@@ -19,6 +19,7 @@ from gateway.fleet.health import max_loras, prefix_hit_rate
 from gateway.fleet.routing import Reason, choose, group_bound, place, share_bound
 from gateway.fleet.servers import Server
 from gateway.store.database import ensure_schema
+from gateway.store.pins import MOVES, Loads, Pin
 from gateway.store.records import NewRollout, TurnRecord
 from gateway.store.store import Store
 
@@ -120,7 +121,7 @@ async def placing(request: pytest.FixtureRequest, databases: Any) -> AsyncIterat
     url = databases.new(request.param)
     ensure_schema(url)
     store = Store(url)
-    fleet = fleet_of(["http://s0", "http://s1", "http://s2"], max_connections=8, pins=store.pin)
+    fleet = fleet_of(["http://s0", "http://s1", "http://s2"], max_connections=8, pins=store)
     try:
         yield fleet, store
     finally:
@@ -378,6 +379,29 @@ async def test_a_rollout_whose_server_fails_moves_where_its_last_turn_is_cached_
 
     assert (moved.url, left, reasons[0]) == (elsewhere[1], home, Reason.HISTORY)
     assert (sibling.url, reasons[1]) == (elsewhere[1], Reason.GROUP)
+
+
+@pytest.mark.anyio
+async def test_a_rollout_that_must_move_is_told_so_before_any_choice_and_moves_once_told_the_caches(
+    placing,
+):
+    """Where a moving rollout goes depends on the servers' caches, looked up on the event loop: the store's
+    transaction, which every other commit waits for, never hashes a history."""
+    _, store = placing
+    chosen: list[Loads] = []
+
+    def pick(loads: Loads) -> str:
+        chosen.append(loads)
+        return "http://s1"
+
+    first = await store.pin("r", lambda _: "http://s0", ["http://s0", "http://s1"])
+    asked = await store.pin("r", pick, ["http://s1"])
+    told = await store.pin("r", pick, ["http://s1"], {"http://s1": 64})
+
+    assert first == Pin("http://s0", None, placed=True)
+    assert asked == MOVES
+    assert told == Pin("http://s1", "http://s0", placed=True)
+    assert [loads.cached for loads in chosen] == [{"http://s1": 64}]
 
 
 def test_max_loras_is_read_from_vllms_lora_series_and_none_without_lora():
