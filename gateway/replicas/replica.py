@@ -42,12 +42,12 @@ from gateway.replicas.facts import REFRESH, RunFacts
 from gateway.settings import Settings
 from gateway.store import processes as stored_processes
 from gateway.store import run_state as stored
-from gateway.store.database import is_sqlite, normalize_url
 from gateway.store.processes import ProcessReport, ProcessRow, ServerLoad
 from gateway.store.run_state import RunState
 from gateway.store.store import Store
 from gateway.turns.recording import Recorder
 from gateway.turns.traffic import Traffic
+from rollout_store.database import is_sqlite, normalize_url
 
 if TYPE_CHECKING:
     import psycopg
