@@ -7,6 +7,7 @@ FROM python:3.11-slim AS wheel
 WORKDIR /src
 COPY pyproject.toml setup.py README.md LICENSE ./
 COPY gateway ./gateway
+COPY rollout_store ./rollout_store
 COPY trainer_client ./trainer_client
 COPY training_data ./training_data
 COPY migrations ./migrations

@@ -1,8 +1,9 @@
-"""What the wheel ships: every package found under gateway/, trainer_client/, training_data/ and migrations/,
-with every file in them that is not Python source (the viewer's pages, scripts and styles; alembic's
-revision template), so that a new package or asset ships without anyone listing it. The rest of the metadata is in pyproject.toml,
-which cannot both find packages and map one to another directory: the migrations stay at the top of the
-repository, where alembic.ini finds them, and ship inside the package as gateway.migrations."""
+"""What the wheel ships: every package found under gateway/, rollout_store/, trainer_client/, training_data/
+and migrations/, with every file in them that is not Python source (the viewer's pages, scripts and styles;
+alembic's revision template), so that a new package or asset ships without anyone listing it. The rest of the
+metadata is in pyproject.toml, which cannot both find packages and map one to another directory: the
+migrations stay at the top of the repository, where alembic.ini finds them, and ship inside the package as
+rollout_store.migrations, beside the schema they build."""
 
 from setuptools import find_namespace_packages, setup
 
@@ -16,11 +17,12 @@ def found(directory: str, package: str) -> list[str]:
 setup(
     packages=[
         *found("gateway", "gateway"),
-        *found("migrations", "gateway.migrations"),
+        *found("rollout_store", "rollout_store"),
+        *found("migrations", "rollout_store.migrations"),
         *found("trainer_client", "trainer_client"),
         *found("training_data", "training_data"),
     ],
-    package_dir={"gateway.migrations": "migrations"},
+    package_dir={"rollout_store.migrations": "migrations"},
     package_data={"": ["*"]},
     exclude_package_data={"": ["*.py", "*.pyc"]},
 )

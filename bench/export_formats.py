@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from trainer_read import fill
 
-from gateway.store.database import ensure_schema
+from rollout_store.database import ensure_schema
 from trainer_client import TrainerClient
 
 

@@ -29,7 +29,7 @@ import fake_vllm
 import orjson
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from testbed.launcher import GatewayProcess
 
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")

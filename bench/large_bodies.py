@@ -60,7 +60,7 @@ import orjson
 import sqlalchemy as sa
 import stream_load
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from testbed.launcher import GatewayProcess
 
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")

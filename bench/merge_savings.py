@@ -24,9 +24,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.store.database import ensure_schema
 from gateway.store.records import NewRollout, Reward, TurnRecord
 from gateway.store.store import Store
+from rollout_store.database import ensure_schema
 from trainer_client import SampleOptions, TrainerClient
 
 ROLLOUTS = 16

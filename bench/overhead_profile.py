@@ -33,14 +33,14 @@ import orjson
 import sqlalchemy as sa
 from gateway_overhead import POSTGRES_URL, TURNS_PER_ROLLOUT, Client, agent_body
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from testbed.launcher import GatewayProcess
 
 COMPONENTS = [  # (component, path fragments of the sampled leaf frame), the first match wins
     ("capture: reply parsing, ids", ["gateway/turns/capture"]),
     (
         "store: SQL, lineage, commit, hand-offs to the writer",
-        ["gateway/store/", "sqlalchemy/", "psycopg/", "sqlite3"],
+        ["gateway/store/", "rollout_store/", "sqlalchemy/", "psycopg/", "sqlite3"],
     ),
     (
         "backend client (aiohttp)",

@@ -42,7 +42,7 @@ import orjson
 import sqlalchemy as sa
 import stream_load
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from testbed.launcher import GatewayProcess
 from testbed.process import ManagedProcess
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from testbed.demo.agent import engine_and_gateway
 from testbed.tiny_model import build_tiny_model
 from trainer_client.scoring import Scorer, TeacherServer

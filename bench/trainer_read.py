@@ -24,9 +24,9 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.store.database import ensure_schema, make_engine
 from gateway.store.records import NewRollout, Reward, TurnRecord
 from gateway.store.store import Store
+from rollout_store.database import ensure_schema, make_engine
 from trainer_client import TrainerClient
 
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from gateway_overhead import Client
 from playwright.sync_api import Page, sync_playwright
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from testbed.launcher import GatewayProcess
 
 POSTGRES_URL = os.environ.get("GATEWAY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")

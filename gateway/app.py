@@ -39,10 +39,8 @@ from gateway.replicas.shared import SharedReplica
 from gateway.responses.protocol import ResponsesRequest
 from gateway.responses.router import router as responses_router
 from gateway.settings import PlacementPolicy, Settings
-from gateway.store.database import display_url, ensure_schema, is_sqlite
 from gateway.store.processes import ProcessIdentity
 from gateway.store.records import Limits
-from gateway.store.status import Mode
 from gateway.store.store import Store
 from gateway.telemetry import TurnSpans
 from gateway.turns.context import TurnContext
@@ -53,6 +51,8 @@ from gateway.turns.traffic import Traffic
 from gateway.ui.context import ViewerContext
 from gateway.ui.router import router as ui_router
 from gateway.ui.token_texts import TokenTexts
+from rollout_store.database import display_url, ensure_schema, is_sqlite
+from rollout_store.status import Mode
 
 log = logging.getLogger(__name__)
 

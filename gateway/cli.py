@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gateway.store.database import SchemaMismatch, StoreUnreachable
+    from rollout_store.database import SchemaMismatch, StoreUnreachable
 
     args = build_parser().parse_args(argv)
     try:
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.store.database import ensure_schema
+    from rollout_store.database import ensure_schema
 
     settings = settings_from(args)
     server: dict[str, Any] = {
@@ -267,7 +267,7 @@ def _check_port(host: str, port: int) -> None:
 
 
 def _db(args: argparse.Namespace) -> int:
-    from gateway.store import database
+    from rollout_store import database
 
     settings = settings_from(args, ["db"])
     if args.db_command == "upgrade":

@@ -26,10 +26,10 @@ from pydantic_settings import (
 )
 
 from gateway.fleet.servers import without_user_info
-from gateway.store.database import check_url, is_sqlite
-from gateway.store.status import Mode
 from gateway.telemetry import missing_packages
 from gateway.turns.sampling import Sampling
+from rollout_store.database import check_url, is_sqlite
+from rollout_store.status import Mode
 
 CONFIG_VARIABLE = "GATEWAY_CONFIG"
 """The environment variable naming the configuration file when `--config` does not."""

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from gateway import __version__
 from gateway.store.records import TurnRecord
-from gateway.store.status import TurnStatus
+from rollout_store.status import TurnStatus
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context

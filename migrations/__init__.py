@@ -1,1 +1,1 @@
-"""Alembic migrations of the gateway store."""
+"""Alembic migrations of the store (shipped as rollout_store.migrations)."""

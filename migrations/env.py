@@ -1,9 +1,10 @@
-"""Alembic environment: runs the migrations on the connection the gateway hands over, or on the URL."""
+"""Alembic environment: runs the migrations on the connection `rollout_store.database.upgrade` hands over, or
+on the URL."""
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from gateway.store.schema import metadata
+from rollout_store.schema import metadata
 
 
 def _run(connection) -> None:  # type: ignore[no-untyped-def]

@@ -3,12 +3,13 @@
 Every import counts, those under `if TYPE_CHECKING:` and inside functions included: a type-only import
 couples two modules as much as any other.
 
+- Each package imports only the packages `PACKAGES` lets it: `rollout_store`, the store's read contract, is
+  the bottom and imports none of the others; `training_data` imports it alone, never the gateway;
+  `trainer_client` imports both; the gateway imports both, and of the gateway only the viewer imports
+  `training_data`. Nothing imports `trainer_client`.
 - Each module of `gateway` belongs to one layer of `LAYERS` and imports only from its own layer or lower ones.
 - No circle of modules, whatever their layers.
 - The agents' dialects (`DIALECTS`) never import one another: what they share is the turn layer's.
-- `training_data` and `trainer_client` read the store's read contract (`READ_CONTRACT`) and nothing else of
-  the gateway; `training_data` never imports `trainer_client`; of the gateway, only the viewer imports
-  `training_data`, and nothing imports `trainer_client`.
 - What ships never imports the tests' and demo's `testbed`.
 """
 
@@ -19,6 +20,15 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "rollout_store": (),
+    "training_data": ("rollout_store",),
+    "trainer_client": ("rollout_store", "training_data"),
+    "gateway": ("rollout_store", "training_data"),
+}
+"""The shipped packages, bottom first, and the others each imports: the store's read contract (its tables,
+database, packed ids, delta rebuild and statuses) under what trains, under the trainers' client and the
+gateway, so that a trainer's reads depend on the store's format alone and never on the gateway's code."""
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway.__main__", "gateway.cli", "gateway.workers"),
     ("gateway.app",),
@@ -43,15 +53,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 the replicas (the gateway's processes), over the turn path, over its errors, keys and traces, over the vLLM
 servers (the fleet), over the store, over the core types. A name is a module or a package with everything
 under it; `gateway` alone is the package's own `__init__`."""
-READ_CONTRACT = (
-    "gateway.store.schema",
-    "gateway.store.database",
-    "gateway.store.tokens",
-    "gateway.store.delta",
-    "gateway.store.status",
-)
-"""The store's read contract: the tables, the database, packed ids, the delta rebuild and the statuses; what
-`training_data` and `trainer_client` may import of the gateway (never the writer)."""
 DIALECTS = ("gateway.openai", "gateway.anthropic", "gateway.responses")
 """The agent API's dialects: each reads its own wire into the turn layer's calls and writes their replies
 back, sharing with the others only what is under them, so that adding or changing one touches no other."""
@@ -144,7 +145,7 @@ def _dialect(module: str) -> str | None:
 
 
 def findings(root: Path) -> Iterator[str]:
-    known = modules(root, ("gateway", "training_data", "trainer_client", "testbed"))
+    known = modules(root, (*PACKAGES, "testbed"))
     graph = {name: imported(name, path, known) for name, path in known.items()}
     for name in sorted(graph):
         if not name.startswith("testbed"):
@@ -154,7 +155,7 @@ def findings(root: Path) -> Iterator[str]:
 
 
 def _crossings(name: str, imports: list[str]) -> Iterator[str]:
-    """What `name` imports against the contracts between the packages and the gateway's layers."""
+    """What `name` imports against the packages' order and the gateway's layers."""
     package = name.split(".")[0]
     own = layer(name) if package == "gateway" else None
     if package == "gateway" and own is None:
@@ -163,16 +164,19 @@ def _crossings(name: str, imports: list[str]) -> Iterator[str]:
         theirs = other.split(".")[0]
         if theirs == "testbed":
             yield f"{name} imports {other}: what ships never imports the testbed"
-        elif theirs == "trainer_client" and package != "trainer_client":
-            yield f"{name} imports {other}: only trainer_client's own modules import it"
+        elif theirs != package and theirs not in PACKAGES[package]:
+            yield f"{name} imports {other}: {package} imports {_allowed(package)}"
         elif theirs == "training_data" and package == "gateway" and not _within(name, VIEWER):
             yield f"{name} imports {other}: of the gateway, only the viewer reads what trains"
-        elif theirs == "gateway" and package != "gateway" and not _within(other, READ_CONTRACT):
-            yield f"{name} imports {other}: {package} reads only the store's read contract"
         elif own is not None and (above := layer(other)) is not None and above < own:
             yield f"{name} imports {other}, which is in a layer above it"
         elif (dialect := _dialect(name)) is not None and _dialect(other) not in (None, dialect):
             yield f"{name} imports {other}: a dialect never imports another one"
+
+
+def _allowed(package: str) -> str:
+    allowed = PACKAGES[package]
+    return f"only {' and '.join(allowed)} of the other packages" if allowed else "none of the other packages"
 
 
 def main() -> int:

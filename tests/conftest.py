@@ -28,7 +28,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY
 from gateway.settings import Settings
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from testbed.launcher import GatewayProcess
 from testbed.process import refusing_port
 from testbed.vllm_server import VLLMServer

@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
+from rollout_store import schema
 from training_data.groups import (
     ROLLOUT_COLUMNS,
     SampleOptions,

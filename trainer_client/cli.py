@@ -218,7 +218,7 @@ def _at_least_one(value: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gateway.store.database import SchemaMismatch, StoreUnreachable, reach
+    from rollout_store.database import SchemaMismatch, StoreUnreachable, reach
 
     args = build_parser().parse_args(argv)
     command = {"stats": _stats, "export": _export, "score": _score, "eval": _eval, "tail": _tail}[
@@ -254,7 +254,7 @@ def _usage_error(args: argparse.Namespace, message: str) -> NoReturn:
 def _store_url(args: argparse.Namespace) -> str:
     """The store's URL: --db, else $GATEWAY_DB, else the configuration file's db key, else the gateway's
     default (the gateway's own order: the command line over the environment over the file)."""
-    from gateway.store.database import check_url
+    from rollout_store.database import check_url
 
     config = args.config or os.environ.get("GATEWAY_CONFIG") or None
     configured = _configured_db(args, config) if config else None
@@ -294,7 +294,7 @@ def _configured_db(args: argparse.Namespace, path: str) -> str | None:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from gateway.store.database import make_engine, require_current_schema
+    from rollout_store.database import make_engine, require_current_schema
     from trainer_client.stats import collect
 
     engine = make_engine(args.db)
@@ -370,7 +370,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _chosen(conn: Connection, ready: list[str], group_id: str | None, since: float | None) -> list[str]:
     """The ready groups --group-id or --since choose (all without either), oldest first."""
-    from gateway.store import schema
+    from rollout_store import schema
 
     if group_id is not None:
         return [group for group in ready if group == group_id]
@@ -513,7 +513,7 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from gateway.store.database import make_engine, require_current_schema
+    from rollout_store.database import make_engine, require_current_schema
     from training_data.evaluation import evaluation_report
 
     engine = make_engine(args.db)
@@ -531,7 +531,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from gateway.store.database import make_engine, require_current_schema
+    from rollout_store.database import make_engine, require_current_schema
     from trainer_client.stats import COMPLETE_GROUP
 
     engine = make_engine(args.db)

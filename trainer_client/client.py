@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import cast
 
-from gateway.store.database import make_engine, require_current_schema
+from rollout_store.database import make_engine, require_current_schema
 from trainer_client.batch import Batch, Sample
 from trainer_client.claims import claim_groups, commit_claims, release_claims, renew_claims
 from training_data.groups import SampleOptions, Selection, read_groups, ready_groups

@@ -24,8 +24,8 @@ import orjson
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
-from gateway.store import schema
-from gateway.store.database import make_engine, redacted, require_current_schema
+from rollout_store import schema
+from rollout_store.database import make_engine, redacted, require_current_schema
 from training_data.teacher_scores import (
     ScoreFilter,
     TurnToScore,

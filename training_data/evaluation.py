@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
-from gateway.store.status import TRAINABLE, RolloutStatus
+from rollout_store import schema
+from rollout_store.status import TRAINABLE, RolloutStatus
 from training_data.groups import numeric_version
 
 

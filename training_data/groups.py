@@ -31,8 +31,8 @@ import numpy as np
 from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
-from gateway.store.status import TRAINABLE, RolloutStatus, TurnStatus
+from rollout_store import schema
+from rollout_store.status import TRAINABLE, RolloutStatus, TurnStatus
 from training_data.teacher_scores import unscored
 
 

@@ -10,10 +10,10 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
-from gateway.store.delta import rebuild
-from gateway.store.status import TurnStatus
-from gateway.store.tokens import unpack_ids, unpack_logprobs
+from rollout_store import schema
+from rollout_store.delta import rebuild
+from rollout_store.status import TurnStatus
+from rollout_store.tokens import unpack_ids, unpack_logprobs
 from training_data.groups import RolloutInfo
 from training_data.samples import MergedSample, StepSample, merge_steps
 from training_data.teacher_scores import load_scores

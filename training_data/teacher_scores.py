@@ -1,7 +1,7 @@
 """Teacher scores in the store: which turns a teacher has still to score, their exact ids, and the scores.
 
 A score is a teacher's logprob of every sampled token of one turn, aligned with the turn's `completion_ids`
-and packed like its logprobs (`gateway.store.tokens`). Scores are keyed by turn and teacher name, so scoring
+and packed like its logprobs (`rollout_store.tokens`). Scores are keyed by turn and teacher name, so scoring
 again adds only what is missing: a run that stopped half way resumes where it stopped.
 """
 
@@ -17,10 +17,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, RowMapping
 
-from gateway.store import schema
-from gateway.store.delta import rebuild
-from gateway.store.status import RolloutStatus
-from gateway.store.tokens import pack_logprobs, unpack_ids, unpack_logprobs
+from rollout_store import schema
+from rollout_store.delta import rebuild
+from rollout_store.status import RolloutStatus
+from rollout_store.tokens import pack_logprobs, unpack_ids, unpack_logprobs
 
 
 @dataclass(frozen=True)

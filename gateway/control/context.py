@@ -8,9 +8,9 @@ from fastapi import Request
 
 from gateway.fleet.fleet import Fleet
 from gateway.replicas.replica import Replica
-from gateway.store.status import Mode
 from gateway.store.store import Store
 from gateway.turns.recording import Recorder
+from rollout_store.status import Mode
 
 
 class Lifecycle:

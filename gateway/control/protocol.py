@@ -9,8 +9,8 @@ from pydantic import AfterValidator, BaseModel, Field, ValidationInfo, field_val
 
 from gateway.encoding import RequestModel
 from gateway.ids import ID_PATTERN
-from gateway.store.status import Mode
 from gateway.turns.sampling import Sampling
+from rollout_store.status import Mode
 
 MAX_GROUP_SIZE = 65536
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]

@@ -11,7 +11,7 @@ from alembic.script import ScriptDirectory
 from gateway.control.context import ControlContext
 from gateway.control.protocol import BackendsHealth, ModelHealth, ServerHealth
 from gateway.fleet.servers import Server
-from gateway.store.database import alembic_config, current_revision, driver_cause
+from rollout_store.database import alembic_config, current_revision, driver_cause
 
 
 async def store_reasons(control: ControlContext) -> list[str]:

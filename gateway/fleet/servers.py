@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from gateway.store.database import redacted
+from rollout_store.database import redacted
 
 
 def without_user_info(url: str) -> str:

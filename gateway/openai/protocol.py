@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from gateway.turns.requests import ChatCompletionRequest, ModelName, Open, SamplingFields
 
 MAX_TOKEN_ID = 2**31 - 1
-"""The largest id the store packs (32-bit, `gateway.store.tokens.ID_DTYPE`)."""
+"""The largest id the store packs (32-bit, `rollout_store.tokens.ID_DTYPE`)."""
 TokenId = Annotated[int, Field(strict=True, ge=0, le=MAX_TOKEN_ID)]
 """A prompt id the gateway records: a JSON integer (not `"5"`, `1.0` or `true`, which vLLM would read as
 something else than the gateway packs) that fits the store."""

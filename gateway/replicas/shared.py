@@ -34,12 +34,12 @@ from gateway.replicas.facts import REFRESH
 from gateway.replicas.replica import Replica
 from gateway.store import processes as stored_processes
 from gateway.store import run_state as stored
-from gateway.store.database import normalize_url
 from gateway.store.processes import ProcessIdentity, ProcessRow
 from gateway.store.run_state import RunState
 from gateway.store.store import Store
 from gateway.turns.recording import Recorder
 from gateway.turns.traffic import Traffic
+from rollout_store.database import normalize_url
 
 if TYPE_CHECKING:
     import psycopg

@@ -1,1 +1,1 @@
-"""The durable store: schema, token packing, group-commit writer and reads."""
+"""The gateway's side of the store: the group-commit writer and its reads, over `rollout_store`'s tables."""

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
-from gateway.store.status import RolloutStatus
+from rollout_store import schema
+from rollout_store.status import RolloutStatus
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from gateway.store.lineage import Lineage
 from gateway.store.records import RolloutState
-from gateway.store.status import RolloutStatus
+from rollout_store.status import RolloutStatus
 
 _MAX_ROLLOUT_STATES = 200_000
 _EARLY_RETRIES = 10_000

@@ -16,8 +16,8 @@ from collections.abc import Collection
 from sqlalchemy import ColumnElement, and_, exists, select, update
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
-from gateway.store.status import RolloutStatus
+from rollout_store import schema
+from rollout_store.status import RolloutStatus
 
 BATCH = 1000
 """Rollouts expired per transaction at most: a run that abandoned many at once is expired in several."""

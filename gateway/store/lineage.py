@@ -36,8 +36,8 @@ from typing import Any, cast
 import numpy as np
 import orjson
 
-from gateway.store.delta import Messages, rebuild, reference_of
-from gateway.store.tokens import ID_DTYPE, common_prefix_len, unpack_ids
+from rollout_store.delta import Messages, rebuild, reference_of
+from rollout_store.tokens import ID_DTYPE, common_prefix_len, unpack_ids
 
 Span = tuple[int, int]
 """[start, end) of a model completion within a turn's ids."""

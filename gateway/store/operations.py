@@ -18,13 +18,14 @@ from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from gateway.store import pins, reads, schema
+from gateway.store import pins, reads
 from gateway.store.caches import WriterCaches
-from gateway.store.database import DriverStatement
 from gateway.store.lineage import Lineage, Node, find_parent, lineage_of, place, reply_message, with_reply
 from gateway.store.records import NewRollout, Reward, RolloutState, StoreError, TurnRecord, not_running
-from gateway.store.status import RolloutStatus, TurnStatus
 from gateway.store.turn_rows import row_of
+from rollout_store import schema
+from rollout_store.database import DriverStatement
+from rollout_store.status import RolloutStatus, TurnStatus
 
 # Built once: executing a prebuilt statement with a parameter dict skips SQLAlchemy's per-call construction.
 # Those of every agent call run on the driver's cursor (`DriverStatement`).

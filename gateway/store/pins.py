@@ -22,9 +22,10 @@ import numpy as np
 from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Connection
 
-from gateway.store import reads, schema
-from gateway.store.delta import rebuild
-from gateway.store.tokens import unpack_ids
+from gateway.store import reads
+from rollout_store import schema
+from rollout_store.delta import rebuild
+from rollout_store.tokens import unpack_ids
 
 
 class Pin(NamedTuple):

@@ -16,9 +16,9 @@ from pydantic import BaseModel
 from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
 from gateway.store.pins import running_pins
 from gateway.store.run_state import RunState, epoch, now, read_run_state, write
+from rollout_store import schema
 
 _REGISTER_LOCK = 0x726C_F1EE
 """Advisory lock held while a process registers: the first of several starting at once sets the run state.

@@ -8,13 +8,13 @@ from typing import Any
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.engine import Connection, RowMapping
 
-from gateway.store import schema
-from gateway.store.database import DriverStatement
-from gateway.store.delta import rebuild
 from gateway.store.records import Limits, RolloutState
-from gateway.store.status import TurnStatus
-from gateway.store.tokens import unpack_ids, unpack_logprobs
 from gateway.store.turn_rows import SHOWN
+from rollout_store import schema
+from rollout_store.database import DriverStatement
+from rollout_store.delta import rebuild
+from rollout_store.status import TurnStatus
+from rollout_store.tokens import unpack_ids, unpack_logprobs
 
 
 def _state_query() -> Any:

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from gateway.store.status import RolloutStatus
-from gateway.store.tokens import ID_DTYPE, LOGPROB_DTYPE
+from rollout_store.status import RolloutStatus
+from rollout_store.tokens import ID_DTYPE, LOGPROB_DTYPE
 
 
 def _empty_ids() -> np.ndarray:

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from sqlalchemy import delete, insert, select, text, update
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
+from rollout_store import schema
 
 CHANNEL = "gateway_run_state"
 """Where each change's epoch is announced."""

@@ -13,10 +13,10 @@ from sqlalchemy.engine import Connection
 from gateway.store import expiry, pins, reads
 from gateway.store.backlog import Backlog, backlog
 from gateway.store.checkpoints import Checkpointer
-from gateway.store.database import is_sqlite, make_engine
 from gateway.store.pins import Pick, Pin
 from gateway.store.records import NewRollout, Reward, RolloutState
 from gateway.store.writer import StoreWriter
+from rollout_store.database import is_sqlite, make_engine
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -9,8 +9,8 @@ from typing import Any
 
 from gateway.store.lineage import Placement
 from gateway.store.records import TurnRecord
-from gateway.store.schema import turns
-from gateway.store.tokens import pack_ids, pack_logprobs
+from rollout_store.schema import turns
+from rollout_store.tokens import pack_ids, pack_logprobs
 
 PLACED = (
     "turn_index",

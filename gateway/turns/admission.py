@@ -14,10 +14,10 @@ from fastapi import Request
 from gateway.auth import check_agent_key
 from gateway.errors import ApiError, store_failure
 from gateway.store.records import Limits, RolloutState, not_running
-from gateway.store.status import Limit, RolloutStatus
 from gateway.turns.capture import TurnCapture
 from gateway.turns.context import TurnContext
 from gateway.turns.upstream import post_json
+from rollout_store.status import Limit, RolloutStatus
 
 _RENDER_KEYS = (
     "model", "messages", "tools", "add_generation_prompt", "continue_final_message", "add_special_tokens",

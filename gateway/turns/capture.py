@@ -16,7 +16,7 @@ import orjson
 
 from gateway.errors import ApiError
 from gateway.store.records import TurnRecord
-from gateway.store.tokens import ID_DTYPE, LOGPROB_DTYPE
+from rollout_store.tokens import ID_DTYPE, LOGPROB_DTYPE
 
 _REQUEST_PAYLOAD_KEYS = frozenset({"messages", "tools", "prompt"})
 RENDERED_BY_VLLM = "fallback: vLLM rendered the messages itself"

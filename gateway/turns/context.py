@@ -10,10 +10,10 @@ from fastapi import Request
 from gateway.fleet.adapters import FleetAdapters
 from gateway.fleet.engine import Engine
 from gateway.store.records import Limits
-from gateway.store.status import Mode
 from gateway.turns.local_render import LocalRenders
 from gateway.turns.recording import Recorder
 from gateway.turns.traffic import Traffic
+from rollout_store.status import Mode
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import ApiError
-from gateway.store.tokens import ID_DTYPE
 from gateway.turns.capture import ChatCapture
 from gateway.turns.context import TurnContext
 from gateway.turns.splice import END_OF_TURN_REASONS, splice
 from gateway.turns.upstream import post_json
+from rollout_store.tokens import ID_DTYPE
 
 RENDER = "/v1/chat/completions/render"
 

@@ -21,7 +21,6 @@ from gateway.errors import ApiError, StoreUnavailable, backend_error_detail
 from gateway.fleet.leaders import Ahead
 from gateway.fleet.replies import BackendReply, BackendStreamError
 from gateway.store.records import RolloutState, TurnRecord
-from gateway.store.status import Mode
 from gateway.turns.adapters import live_version
 from gateway.turns.admission import Refusal, cap_reply, check_context_limit, check_turn_limit, limits_of
 from gateway.turns.admission import prompt_tokens as count_prompt
@@ -35,6 +34,7 @@ from gateway.turns.sampling import imposed, merged
 from gateway.turns.sse import sse_batches
 from gateway.turns.upstream import ahead_of, send
 from gateway.turns.wire import Wire
+from rollout_store.status import Mode
 
 
 def new_record(ctx: TurnContext, capture_cls: type[TurnCapture], call: AgentCall) -> TurnRecord:

@@ -16,10 +16,10 @@ from gateway.fleet.prefixes import PrefixIndex, adapter_key
 from gateway.metrics import Metrics
 from gateway.store.lineage import Node
 from gateway.store.records import RolloutState, StoreError, TurnRecord
-from gateway.store.status import Limit, TurnStatus
 from gateway.store.store import Store
 from gateway.telemetry import TurnSpans
 from gateway.turns.capture import TurnCapture
+from rollout_store.status import Limit, TurnStatus
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import String, case, cast, func, select
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
-from gateway.store.status import RolloutStatus, TurnStatus
+from rollout_store import schema
+from rollout_store.status import RolloutStatus, TurnStatus
 from training_data.evaluation import evaluation_report
 from training_data.groups import ROLLOUT_COLUMNS, RolloutInfo, SampleOptions, read_groups
 from training_data.loading import load_samples

@@ -24,7 +24,7 @@ def serve(settings: Settings, flags: dict[str, Any], **server: Any) -> int:
     """Run `settings.workers` processes until stopped; `flags` are the command line's settings (the
     environment's reach the workers by inheritance). 3 when a worker could not start (uvicorn then stops them
     all), else 0."""
-    from gateway.store.database import ensure_schema
+    from rollout_store.database import ensure_schema
 
     ensure_schema(settings.db)  # once, before the workers start
     os.environ[_SPEC] = json.dumps(flags)

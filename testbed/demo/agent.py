@@ -22,7 +22,7 @@ import httpx
 import openai
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from testbed.launcher import GatewayProcess
 from testbed.tiny_model import build_tiny_model
 from testbed.vllm_server import VLLMServer

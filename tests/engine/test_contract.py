@@ -33,7 +33,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gateway.store.database import ensure_schema, make_engine
+from rollout_store.database import ensure_schema, make_engine
 from trainer_client import TrainerClient
 
 from support import TIMEOUT, admin

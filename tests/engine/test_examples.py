@@ -16,7 +16,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gateway.store.database import ensure_schema, make_engine
+from rollout_store.database import ensure_schema, make_engine
 from trainer_client import TrainerClient
 
 from support import TIMEOUT, VLLM_KEY, on_store, stored_rollout

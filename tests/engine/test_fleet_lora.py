@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from test_local_render import kept, renders_served
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from testbed.adapters import build_adapter
 from testbed.vllm_server import VLLMServer
 from trainer_client import GatewayAdmin

@@ -26,7 +26,7 @@ import httpx
 import pytest
 from openai.types.chat import ChatCompletion
 
-from gateway.store.database import display_url, head_revision
+from rollout_store.database import display_url, head_revision
 from testbed.process import ManagedProcess, start_until_ready
 from testbed.vllm_server import VLLMServer
 
@@ -40,9 +40,10 @@ OUTSIDE = {name: value for name, value in os.environ.items() if name != "PYTHONP
 """The environment of every process the test starts: scripts/dev points PYTHONPATH at the checkout."""
 PACKAGE_FOLDERS = {
     "gateway": "gateway",
+    "rollout_store": "rollout_store",
     "trainer_client": "trainer_client",
     "training_data": "training_data",
-    "migrations": "gateway/migrations",
+    "migrations": "rollout_store/migrations",
 }
 """The checkout's folders the wheel ships, by the path they take in it."""
 MESSAGES = [{"role": "user", "content": "Name three prime numbers."}]

@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
-from gateway.store.tokens import common_prefix_len
+from rollout_store.database import make_engine
+from rollout_store.tokens import common_prefix_len
 
 from support import LS_TMP_REGEX, TIMEOUT, chat, stored_rollout, sync_agent, tokenize_chat
 

@@ -13,7 +13,7 @@ import httpx
 import openai
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
 
 from support import LS_TMP_REGEX, TIMEOUT, TOOLS, async_agent, sent_back, stored_rollout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 
 from support import TIMEOUT
 from support.docs import PAGES, ROOT, blocks_of

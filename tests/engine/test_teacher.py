@@ -274,7 +274,7 @@ def test_bad_score_arguments_are_one_line_errors(args, message, tmp_path: Path, 
 def test_distillation_through_the_gateway_moves_the_student_to_the_teacher(
     policy_vllm, teacher_vllm, start_gateway, databases
 ):
-    from gateway.store.database import make_engine
+    from rollout_store.database import make_engine
     from testbed.demo.train import distill_config
     from trainer_client.reference.loop import run_loop
 

@@ -416,7 +416,7 @@ def test_stats_and_the_splice_views_report_each_boundary_and_why_it_did_not_spli
 def test_a_teacher_of_another_family_is_refused_at_the_first_token_id_it_reads_otherwise(
     family_engine, vllm, databases, capsys
 ):
-    from gateway.store.database import upgrade
+    from rollout_store.database import upgrade
     from trainer_client.cli import main
 
     _family, server = family_engine

@@ -7,7 +7,7 @@ import json
 import openai
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 
 from support import (
     LS_TMP_CALL,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig
 from trainer_client.reference.toy_task import TargetCharactersTask

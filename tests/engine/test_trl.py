@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig
 from trainer_client.reference.toy_task import TargetCharactersTask
 from training_data.evaluation import evaluation_report

@@ -15,8 +15,8 @@ import pytest
 
 from gateway.app import create_app
 from gateway.settings import Settings
-from gateway.store.database import ensure_schema
 from gateway.store.store import Store
+from rollout_store.database import ensure_schema
 
 from support.fake_engine import URL, FakeEngine, Scripted
 from support.raw_http import Serve, raw_servers

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from gateway.app import create_app
 from gateway.settings import Settings
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from trainer_client import TrainerClient
 
 from support import assert_openai_error

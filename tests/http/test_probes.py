@@ -16,8 +16,8 @@ from sqlalchemy import create_engine, text
 from gateway import __version__
 from gateway.app import create_app
 from gateway.settings import Settings
-from gateway.store.database import alembic_config, ensure_schema, head_revision, make_engine
 from gateway.store.store import Store
+from rollout_store.database import alembic_config, ensure_schema, head_revision, make_engine
 from testbed.process import refusing_port
 
 import support

@@ -12,7 +12,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
 from trainer_client.cli import main as trainer_cli
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 
 from support import stored_rollout
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from gateway.store.database import ensure_schema
 from gateway.store.records import NewRollout, Reward, StoreError, TurnRecord
 from gateway.store.store import Store
+from rollout_store.database import ensure_schema
 from trainer_client import TrainerClient
 
 SERVER = "http://s0"

@@ -1,8 +1,9 @@
-"""docs/design/architecture.md names every module of `gateway/` with what it is for, and no path that is gone.
+"""docs/design/architecture.md names every module of `gateway/` and `rollout_store/` with what it is for, and
+no path that is gone.
 
-A module is every `.py` file under `gateway/`, except an `__init__.py` that holds nothing but its docstring,
-imports, and dunder names (`__all__`, `__version__`): such a file is its package, which the page names by its
-heading. An `__init__.py` that holds code is a module like any other.
+A module is every `.py` file under those packages, except an `__init__.py` that holds nothing but its
+docstring, imports, and dunder names (`__all__`, `__version__`): such a file is its package, which the page
+names by its heading. An `__init__.py` that holds code is a module like any other.
 
 The page names a module as a row of one of its tables: the module's path from the repository root in
 backticks in the first cell, its purpose in the second (`| `gateway/fleet/prefixes.py` | ... |`), under the
@@ -44,8 +45,12 @@ def is_package_only(path: Path) -> bool:
     return True
 
 
-def gateway_modules() -> list[str]:
-    paths = sorted((ROOT / "gateway").rglob("*.py"))
+PACKAGES = ("gateway", "rollout_store")
+"""The packages whose every module the page names: the gateway and the store's read contract under it."""
+
+
+def package_modules() -> list[str]:
+    paths = sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
     return [
         str(path.relative_to(ROOT))
         for path in paths
@@ -53,7 +58,7 @@ def gateway_modules() -> list[str]:
     ]
 
 
-MODULES = gateway_modules()
+MODULES = package_modules()
 
 
 def test_an_init_holding_only_its_docstring_imports_and_dunders_is_its_package(tmp_path: Path) -> None:
@@ -82,7 +87,7 @@ def rows() -> tuple[tuple[int, str, str, str], ...]:
 def test_the_page_names_the_module_with_its_purpose(module: str) -> None:
     purposes = [purpose for _, path, purpose, _ in rows() if path == module]
     assert purposes, (
-        f"{module} is a module of gateway/ that {page_id(PAGE)} does not name: add the row "
+        f"{module} is a module of {Path(module).parts[0]}/ that {page_id(PAGE)} does not name: add the row "
         f"| `{module}` | <what it is for> | to its package's table"
     )
     assert all(purposes), f"{page_id(PAGE)}: the row of {module} says nothing of what it is for"
@@ -94,9 +99,9 @@ def test_the_page_names_each_module_once() -> None:
     assert not repeated, f"{page_id(PAGE)} has more than one row for {', '.join(repeated)}"
 
 
-def test_each_row_names_a_module_of_the_gateway() -> None:
+def test_each_row_names_a_module_of_the_packages() -> None:
     problems = [
-        f"{page_id(PAGE)}:{number}: `{path}` is not a module of gateway/"
+        f"{page_id(PAGE)}:{number}: `{path}` is not a module of {' or '.join(f'{p}/' for p in PACKAGES)}"
         + (
             " (an __init__.py of nothing but its docstring is named by its package's heading)"
             if path.endswith("/__init__.py")

@@ -7,7 +7,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from gateway.store.checkpoints import Checkpointer
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 
 
 def log_frames(path: Path) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main as gateway
-from gateway.store.database import ensure_schema
+from rollout_store.database import ensure_schema
 from trainer_client.cli import main as trainer_client
 
 ACCEPTED = "use sqlite:///PATH, postgresql://USER@HOST/DB (or postgresql+psycopg://...)"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.store.database import ensure_schema
+from rollout_store.database import ensure_schema
 from trainer_client.cli import main as trainer_client
 
 

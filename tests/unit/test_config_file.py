@@ -10,8 +10,8 @@ import pytest
 
 from gateway.cli import build_parser, main, settings_from
 from gateway.settings import Settings
-from gateway.store.database import head_revision
-from gateway.store.status import Mode
+from rollout_store.database import head_revision
+from rollout_store.status import Mode
 
 
 def config(tmp_path: Path, text: str, name: str = "gateway.yaml") -> str:

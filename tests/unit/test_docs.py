@@ -58,7 +58,17 @@ SH_SHAPES = (
     "curl ..., export NAME=value, python -m testbed.tiny_model DIR, python -m testbed.vllm_server DIR, "
     "mkdocs build|serve ..."
 )
-CODE = ("gateway", "trainer_client", "training_data", "testbed", "tests", "bench", "scripts", "examples")
+CODE = (
+    "gateway",
+    "rollout_store",
+    "trainer_client",
+    "training_data",
+    "testbed",
+    "tests",
+    "bench",
+    "scripts",
+    "examples",
+)
 UNMARKED = "mark the block <!-- not run: <reason> --> if it is not meant to run as it stands"
 
 

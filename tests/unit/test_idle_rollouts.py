@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from gateway.replicas.expiry import sweep
-from gateway.store.database import ensure_schema
 from gateway.store.records import NewRollout, Reward, StoreError, TurnRecord
 from gateway.store.store import Store
+from rollout_store.database import ensure_schema
 from trainer_client import TrainerClient
 
 from support.fleets import fleet_of

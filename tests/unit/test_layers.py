@@ -1,7 +1,8 @@
 """The check that keeps the packages' imports pointing one way (`scripts/check_layers.py`, run by
 `scripts/dev check`): the project passes it, and it finds an import from a layer above, a circle of
-type-only imports, a dialect importing another, reads past the store's read contract, the serving path reading
-what trains, and shipped code needing the testbed."""
+type-only imports, a dialect importing another, a package importing one it may not (the store's read contract
+importing any other, what trains or the trainers' client importing the gateway), the serving path reading what
+trains, and shipped code needing the testbed."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def tree(root: Path, files: dict[str, str]) -> Path:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    for package in ("gateway", "training_data", "trainer_client", "testbed"):
+    for package in (*check.PACKAGES, "testbed"):
         (root / package).mkdir(exist_ok=True)
         for folder in [root / package, *(p for p in (root / package).rglob("*") if p.is_dir())]:
             (folder / "__init__.py").touch()
@@ -85,14 +86,21 @@ def test_a_dialect_importing_another_is_found_and_one_importing_its_own_modules_
     ]
 
 
-def test_reads_past_the_read_contract_and_the_serving_path_reading_what_trains_are_found(tmp_path):
+def test_a_package_importing_one_it_may_not_and_the_serving_path_reading_what_trains_are_found(tmp_path):
     root = tree(
         tmp_path,
         {
-            "trainer_client/client.py": "import gateway.store.schema\nfrom gateway.fleet import pool\n",
-            "training_data/groups.py": "from gateway.store.writer import W\nimport trainer_client.client\n",
-            "gateway/store/schema.py": "",
-            "gateway/store/writer.py": "",
+            "rollout_store/schema.py": "from gateway.settings import Settings\n",
+            "rollout_store/delta.py": "from rollout_store.tokens import unpack_ids\n"
+            "import training_data.groups\n",
+            "rollout_store/tokens.py": "",
+            "trainer_client/client.py": "import rollout_store.schema\nfrom gateway.fleet import pool\n",
+            "trainer_client/batch.py": "from training_data.samples import Sample\n",
+            "training_data/samples.py": "",
+            "training_data/groups.py": "from rollout_store import schema\n"
+            "from gateway.store.writer import W\nimport trainer_client.client\n",
+            "gateway/settings.py": "",
+            "gateway/store/writer.py": "from rollout_store.schema import turns\n",
             "gateway/fleet/pool.py": "",
             "gateway/turns/forward.py": "import trainer_client.client\nfrom training_data import groups\n",
             "gateway/ui/queries.py": "from training_data.groups import read_groups\n",
@@ -100,14 +108,18 @@ def test_reads_past_the_read_contract_and_the_serving_path_reading_what_trains_a
     )
 
     assert list(check.findings(root)) == [
-        "gateway.turns.forward imports trainer_client.client: only trainer_client's own modules import it",
+        "gateway.turns.forward imports trainer_client.client: gateway imports only rollout_store and "
+        "training_data of the other packages",
         "gateway.turns.forward imports training_data.groups: of the gateway, only the viewer reads what "
         "trains",
-        "trainer_client.client imports gateway.fleet.pool: trainer_client reads only the store's read "
-        "contract",
-        "training_data.groups imports gateway.store.writer: training_data reads only the store's read "
-        "contract",
-        "training_data.groups imports trainer_client.client: only trainer_client's own modules import it",
+        "rollout_store.delta imports training_data.groups: rollout_store imports none of the other packages",
+        "rollout_store.schema imports gateway.settings: rollout_store imports none of the other packages",
+        "trainer_client.client imports gateway.fleet.pool: trainer_client imports only rollout_store and "
+        "training_data of the other packages",
+        "training_data.groups imports gateway.store.writer: training_data imports only rollout_store of the "
+        "other packages",
+        "training_data.groups imports trainer_client.client: training_data imports only rollout_store of the "
+        "other packages",
     ]
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from gateway.store.delta import rebuild, reference_of
 from gateway.store.lineage import (
     Lineage,
     Node,
@@ -22,7 +21,8 @@ from gateway.store.lineage import (
     reply_message,
     with_reply,
 )
-from gateway.store.tokens import (
+from rollout_store.delta import rebuild, reference_of
+from rollout_store.tokens import (
     ID_DTYPE,
     LOGPROB_DTYPE,
     common_prefix_len,

@@ -1,4 +1,4 @@
-"""The migrations build the schema the code declares (`gateway.store.schema`): a column added to one and not
+"""The migrations build the schema the code declares (`rollout_store.schema`): a column added to one and not
 the other, or declared with another type, is found here rather than by a user's database."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from gateway.store import schema
-from gateway.store.database import ensure_schema, make_engine
+from rollout_store import schema
+from rollout_store.database import ensure_schema, make_engine
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])

@@ -18,10 +18,10 @@ from gateway.fleet.fleet import Fleet
 from gateway.fleet.health import max_loras, prefix_hit_rate
 from gateway.fleet.routing import Reason, choose, group_bound, place, share_bound
 from gateway.fleet.servers import Server
-from gateway.store.database import ensure_schema
 from gateway.store.pins import MOVES, Loads, Pin
 from gateway.store.records import NewRollout, TurnRecord
 from gateway.store.store import Store
+from rollout_store.database import ensure_schema
 
 from support.fleets import fleet_of
 

@@ -14,10 +14,10 @@ from multiprocessing.synchronize import Barrier as BarrierType
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gateway.store import schema
-from gateway.store.database import current_revision, ensure_schema, head_revision, make_engine
 from gateway.store.records import NewRollout, Reward
 from gateway.store.store import Store
+from rollout_store import schema
+from rollout_store.database import current_revision, ensure_schema, head_revision, make_engine
 
 
 def crossing(first: str, second: str, arrived: threading.Event, other: threading.Event) -> Callable:

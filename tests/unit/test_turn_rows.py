@@ -11,9 +11,9 @@ import numpy as np
 from gateway.control.protocol import TurnView
 from gateway.store.lineage import Placement
 from gateway.store.records import TurnRecord
-from gateway.store.schema import turns
-from gateway.store.tokens import unpack_ids, unpack_logprobs
 from gateway.store.turn_rows import COPIED, PLACED, SHOWN, UNWRITTEN, row_of
+from rollout_store.schema import turns
+from rollout_store.tokens import unpack_ids, unpack_logprobs
 
 VIEW_ONLY = {"index", "latency_s", "prompt_token_ids", "completion_token_ids", "completion_logprobs"}
 """What the view makes of the row: the turn's index, its latency and the whole ids."""

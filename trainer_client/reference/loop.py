@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.store.database import make_engine
+from rollout_store.database import make_engine
 from trainer_client.reference.runner import RolloutRunner, RunnerConfig, RunnerStats
 from trainer_client.reference.task import Task
 from trainer_client.reference.toy_task import TargetCharactersTask

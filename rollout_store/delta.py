@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.store.tokens import unpack_ids
+from rollout_store.tokens import unpack_ids
 
 Messages = list[dict[str, Any]]
 

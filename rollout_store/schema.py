@@ -1,7 +1,7 @@
 """Tables of the store: the single definition shared by the gateway, `trainer_client` and the migrations.
 
 Time columns are seconds since the Unix epoch (float) so that durations are plain subtractions in SQLite and
-PostgreSQL alike. Token columns hold packed arrays (see `gateway.store.tokens`). A turn stores only what is
+PostgreSQL alike. Token columns hold packed arrays (see `rollout_store.tokens`). A turn stores only what is
 new against the turn it extends (its parent, else the turn it was forked from): `prefix_tokens` ids are
 shared with that turn's prompt + completion and `prompt_ids` holds the rest; `prefix_messages` messages are
 shared with its request and `messages` holds the rest. Storage grows linearly with a rollout's length.
@@ -181,7 +181,7 @@ turns = Table(
     Column("attempt", Integer, nullable=False, server_default="0"),
     Column("retry_of", Integer),
     # Exact engine tokens, and the turn's place in its rollout (see gateway.store.lineage and
-    # gateway.store.delta).
+    # rollout_store.delta).
     Column("parent_turn", Integer),
     Column("forked_from", Integer),
     Column("prefix_tokens", Integer, nullable=False),

@@ -269,10 +269,10 @@ class DriverStatement:
 
 def migrations_dir() -> str:
     """The migrations: at the top of a source checkout, inside the package when installed from a wheel."""
-    checkout = Path(__file__).resolve().parents[2] / "migrations"
+    checkout = Path(__file__).resolve().parents[1] / "migrations"
     if (checkout / "env.py").is_file():
         return str(checkout)
-    return str(resources.files("gateway.migrations"))
+    return str(resources.files("rollout_store.migrations"))
 
 
 def alembic_config(url: str) -> Config:
