@@ -10,8 +10,9 @@ serves the model as `policy`); it prints the last reply:
     python examples/agent.py --base-url http://127.0.0.1:8100/rollouts/r2/v1 --model policy
 
 `--base-url` defaults to $OPENAI_BASE_URL and `--api-key` to $OPENAI_API_KEY (the rollout's key when the
-gateway runs with --rollout-keys; any string otherwise). The agent neither scores nor finishes its rollout:
-that is the environment's part (`examples/environment.py` runs this agent for every member of its groups).
+gateway runs with --rollout-keys; any string otherwise); with `--sampling-seed` it samples the same replies
+every run. The agent neither scores nor finishes its rollout: that is the environment's part
+(`examples/environment.py` runs this agent for every member of its groups).
 """
 
 from __future__ import annotations
@@ -31,13 +32,21 @@ TIMEOUT = 600.0
 """Seconds for each phase of a call, connecting included: an engine busy with many agents can take minutes."""
 
 
-def run_agent(base_url: str, api_key: str, model: str, task: str, *, max_tokens: int = 256) -> str:
-    """Play `task` in two turns through `base_url`; returns the last reply."""
+def run_agent(
+    base_url: str, api_key: str, model: str, task: str, *, max_tokens: int = 256, seed: int | None = None
+) -> str:
+    """Play `task` in two turns through `base_url`; returns the last reply. With `seed`, the two calls sample
+    with seeds `seed` and `seed + 1`: the same replies every run from the same weights."""
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": task}]
     answer = ""
     with openai.OpenAI(base_url=base_url, api_key=api_key, timeout=TIMEOUT) as client:
-        for follow_up in (FOLLOW_UP, None):
-            reply = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens)
+        for turn, follow_up in enumerate((FOLLOW_UP, None)):
+            reply = client.chat.completions.create(
+                model=model,
+                messages=messages,
+                max_tokens=max_tokens,
+                seed=openai.omit if seed is None else seed + turn,  # omitted: vLLM samples unseeded
+            )
             answer = reply.choices[0].message.content or ""
             messages.append({"role": "assistant", "content": answer})  # the history, sent back next turn
             if follow_up is not None:
@@ -65,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-tokens", type=int, default=256, help="tokens a reply may take (default: %(default)s)"
     )
+    parser.add_argument(
+        "--sampling-seed",
+        type=int,
+        help="seed the two calls' sampling from this, for replies that repeat (default: unseeded)",
+    )
     return parser
 
 
@@ -76,7 +90,16 @@ def main(argv: list[str] | None = None) -> int:
             "give --base-url (or OPENAI_BASE_URL): a rollout's base_url, as POST /rollouts answers it"
         )
     try:
-        print(run_agent(args.base_url, args.api_key, args.model, args.task, max_tokens=args.max_tokens))
+        print(
+            run_agent(
+                args.base_url,
+                args.api_key,
+                args.model,
+                args.task,
+                max_tokens=args.max_tokens,
+                seed=args.sampling_seed,
+            )
+        )
     except openai.APIError as exc:
         print(f"agent: {exc}", file=sys.stderr)
         return 1

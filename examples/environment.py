@@ -14,7 +14,8 @@ have finished).
 
 With a gateway started with --control-token, give it as `--control-token` (or $GATEWAY_CONTROL_TOKEN). Each
 run names its groups `<run>-<task number>` (`--run`, a fresh id by default): a group that has all its members
-takes no more (409), so each run plays groups of its own.
+takes no more (409), so each run plays groups of its own. With `--sampling-seed`, every agent's calls sample
+with seeds of their own, the same in every run.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ async def play(
     args: argparse.Namespace,
     group_id: str,
     task: str,
+    seed: int | None,
 ) -> tuple[str, float | None]:
     """One member of `group_id`: created when a slot frees, played, scored and finished; (its group, reward).
 
@@ -61,7 +63,13 @@ async def play(
         api_key = created["api_key"] or "unused"  # the rollout's own key with --rollout-keys
         try:
             reply = await asyncio.to_thread(
-                run_agent, created["base_url"], api_key, args.model, task, max_tokens=args.max_tokens
+                run_agent,
+                created["base_url"],
+                api_key,
+                args.model,
+                task,
+                max_tokens=args.max_tokens,
+                seed=seed,
             )
         except Exception as exc:  # whatever the agent raised: the rollout failed, the run goes on
             print(f"rollout {rollout_id} failed: {exc}", file=sys.stderr)
@@ -76,16 +84,22 @@ async def finish(control: httpx.AsyncClient, rollout_id: str, body: dict[str, ob
     (await control.post(f"/rollouts/{rollout_id}/finish", json=body)).raise_for_status()
 
 
+def member_seed(sampling_seed: int | None, member: int) -> int | None:
+    """The seed of the run's `member`-th agent (None: unseeded): its two calls take it and the next, so no two
+    calls of a run share one, and a run from the same seed samples the same replies."""
+    return None if sampling_seed is None else sampling_seed * 1_000_003 + 2 * member
+
+
 async def run(args: argparse.Namespace) -> dict[str, list[float | None]]:
     """Every task's group, played; each group's rewards (None for a failed member)."""
     running = asyncio.Semaphore(args.concurrency)
     headers = {"authorization": f"Bearer {args.control_token}"} if args.control_token else {}
     groups = [(f"{args.run}-{number}", task) for number, task in enumerate(args.task or TASKS)]
     async with httpx.AsyncClient(base_url=args.gateway, headers=headers, timeout=TIMEOUT) as control:
+        roster = [(group_id, task) for group_id, task in groups for _ in range(args.group_size)]
         members = [
-            play(control, running, args, group_id, task)
-            for group_id, task in groups
-            for _ in range(args.group_size)
+            play(control, running, args, group_id, task, member_seed(args.sampling_seed, number))
+            for number, (group_id, task) in enumerate(roster)
         ]
         played = await asyncio.gather(*members)
     rewards: dict[str, list[float | None]] = defaultdict(list)
@@ -126,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--run", default=uuid.uuid4().hex[:8], help="the prefix of this run's group ids (default: a fresh id)"
+    )
+    parser.add_argument(
+        "--sampling-seed",
+        type=int,
+        help="seed every agent call's sampling from this, for a run that repeats (default: unseeded)",
     )
     return parser
 

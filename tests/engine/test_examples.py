@@ -31,7 +31,9 @@ environment = example("environment")
 def test_the_agent_plays_two_turns_on_its_rollouts_base_url_sending_its_history_back(gateway, capsys):
     created = httpx.post(f"{gateway.url}/rollouts", json={}, timeout=TIMEOUT).json()
 
-    code = agent.main(["--base-url", created["base_url"], "--model", "tiny", "--max-tokens", "8"])
+    code = agent.main(
+        ["--base-url", created["base_url"], "--model", "tiny", "--max-tokens", "8", "--sampling-seed", "0"]
+    )
 
     first, second = stored_rollout(gateway, created["rollout_id"])["turns"]
     assert (code, capsys.readouterr().out) == (0, (second["content"] or "") + "\n")

@@ -39,12 +39,13 @@ def query(db_url: str, sql: str) -> list[tuple[Any, ...]]:
 
 def play_environment(gateway_url: str, run: str, *options: str) -> tuple[int, str]:
     """examples/environment.py with its defaults (groups of 4, 2 rollouts at once) on TASKS, replies of 8
-    tokens, and `options`: its exit code and what it printed."""
+    tokens sampled with the same seeds every run, and `options`: its exit code and what it printed."""
     printed = io.StringIO()
     with redirect_stdout(printed):
         code = example("environment").main(
             [
-                *("--gateway", gateway_url, "--model", "tiny", "--max-tokens", "8", "--run", run, *options),
+                *("--gateway", gateway_url, "--model", "tiny", "--max-tokens", "8", "--sampling-seed", "1"),
+                *("--run", run, *options),
                 *(arg for task in TASKS for arg in ("--task", task)),
             ]
         )
