@@ -64,19 +64,23 @@ def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def start(tmp_path: Path, empty_store: Path) -> AsyncIterator[Callable[..., Awaitable[InProcess]]]:
-    """`await start(**settings)`: a gateway app with its own store and engine, running until the test ends."""
+    """`await start(**settings)`: a gateway app with its own engine, on a store of its own or on the migrated
+    store `db` names (which several apps may share, as a gateway's processes do), running until the test
+    ends."""
     async with AsyncExitStack() as stack:
         count = 0
 
         async def started(**settings: Any) -> InProcess:
             nonlocal count
-            count += 1
-            path = tmp_path / f"gateway-{count}.db"
-            shutil.copy(empty_store, path)
-            url = f"sqlite:///{path}"
+            if "db" not in settings:
+                count += 1
+                path = tmp_path / f"gateway-{count}.db"
+                shutil.copy(empty_store, path)
+                settings["db"] = f"sqlite:///{path}"
+            url = settings["db"]
             store, scripted = Store(url), Scripted()
             stack.callback(store.close)
-            settings = {"db": url, "backend": [URL]} | settings
+            settings = {"backend": [URL]} | settings
             app = create_app(Settings(**settings), store=store, engine=scripted)
             await stack.enter_async_context(app.router.lifespan_context(app))
             transport = httpx.ASGITransport(app=app)

@@ -76,7 +76,7 @@ def probes_logged() -> Iterator[None]:
 
 
 async def probe(gw) -> None:
-    """The probes' calls (the scripted engine serves no /metrics: tests/unit/test_log_format.py has its)."""
+    """The probes' calls (the scripted engine serves no /metrics: tests/unit/test_logs.py has its)."""
     for path in ("/healthz", "/readyz"):
         await gw.client.get(path)
 

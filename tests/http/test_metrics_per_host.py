@@ -5,20 +5,16 @@ scraped ports, every count is counted once."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.settings import Settings
-from gateway.store.store import Store
 from rollout_store.database import ensure_schema
 
 import support
-from support.fake_engine import URL, FakeEngine, Scripted, chat_reply
+from support.fake_engine import FakeEngine, chat_reply
 
 pytestmark = pytest.mark.anyio
 
@@ -43,27 +39,16 @@ class Replica:
 
 
 @pytest.fixture
-async def replicas(databases: Any) -> AsyncIterator[Callable[..., Awaitable[Replica]]]:
+def replicas(databases: Any, start: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Replica]]:
     """`await replicas(port=...)`: a gateway process (in process) on one shared PostgreSQL store."""
     db = databases.new("postgresql")
     ensure_schema(db)
-    async with AsyncExitStack() as stack:
 
-        async def started(**settings: Any) -> Replica:
-            store, scripted = Store(db), Scripted()
-            stack.callback(store.close)
-            app = create_app(
-                Settings(db=db, backend=[URL], heartbeat_interval=0.1, **settings),
-                store=store,
-                engine=scripted,
-            )
-            await stack.enter_async_context(app.router.lifespan_context(app))
-            engine = scripted.engine
-            client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
-            await stack.enter_async_context(client)
-            return Replica(client, engine)
+    async def started(**settings: Any) -> Replica:
+        gateway = await start(db=db, heartbeat_interval=0.1, **settings)
+        return Replica(gateway.client, gateway.engine)
 
-        yield started
+    return started
 
 
 async def test_replicas_on_other_ports_each_report_their_own_calls_and_the_leaders_facts_once(replicas):

@@ -5,26 +5,21 @@ nothing, health checks' findings become the run state's, and the leading process
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gateway.app import create_app
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.health import Found
 from gateway.fleet.weight_versions import FleetWeights
 from gateway.replicas.publish import listed, publish_health
 from gateway.replicas.replica import Replica
-from gateway.settings import Settings
 from gateway.store.run_state import RunState, ServerEntry
-from gateway.store.store import Store
 from gateway.turns.recording import Recorder
 from gateway.turns.traffic import Traffic
-
-from support.fake_engine import Scripted
 
 pytestmark = pytest.mark.anyio
 A, B, C = "http://vllm-a:8000", "http://vllm-b:8000", "http://vllm-c:8000"
@@ -41,27 +36,18 @@ class Worker:
 
 
 @pytest.fixture
-async def start_worker(tmp_path: Path, empty_store: Path) -> AsyncIterator[Callable[..., Awaitable[Worker]]]:
+def start_worker(tmp_path: Path, start: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Worker]]:
     """`await start_worker()`: one process's state over servers A and B (both in service, with `backend_file`
     listed in a file)."""
-    async with AsyncExitStack() as stack:
 
-        async def start(*, backend_file: bool = False) -> Worker:
-            db = tmp_path / "gateway.db"
-            db.write_bytes(empty_store.read_bytes())
-            listed = tmp_path / "servers"
-            listed.write_text(f"{A}\n{B}\n")
-            settings = Settings(
-                db=f"sqlite:///{db}", backend=[A, B], backend_file=str(listed) if backend_file else None
-            )
-            store = Store(settings.db)
-            stack.callback(store.close)
-            app = create_app(settings, store=store, engine=Scripted())
-            await stack.enter_async_context(app.router.lifespan_context(app))
-            admin = app.state.admin
-            return Worker(admin.replica, admin.fleet, admin.recorder, app.state.turns.traffic)
+    async def started(*, backend_file: bool = False) -> Worker:
+        listed = tmp_path / "servers"
+        listed.write_text(f"{A}\n{B}\n")
+        app = (await start(backend=[A, B], backend_file=str(listed) if backend_file else None)).app
+        admin = app.state.admin
+        return Worker(admin.replica, admin.fleet, admin.recorder, app.state.turns.traffic)
 
-        yield start
+    return started
 
 
 @pytest.fixture

@@ -10,9 +10,17 @@ from gateway.fleet.fleet import Fleet
 from gateway.fleet.placement import PinStore
 
 
-def fleet_of(urls: Sequence[str], *, max_connections: int = 4, pins: PinStore | None = None) -> Fleet:
+def fleet_of(
+    urls: Sequence[str],
+    *,
+    max_connections: int = 4,
+    pins: PinStore | None = None,
+    lora_bases: dict[str, str] | None = None,
+) -> Fleet:
     """Servers placed among without being called (no connections to close when one leaves)."""
-    return Fleet(list(urls), max_connections=max_connections, left=lambda _url: None, pins=pins)
+    return Fleet(
+        list(urls), max_connections=max_connections, left=lambda _url: None, pins=pins, lora_bases=lora_bases
+    )
 
 
 def engine_client(

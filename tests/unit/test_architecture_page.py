@@ -15,7 +15,6 @@ the check could not tell from another package's.
 
 from __future__ import annotations
 
-import ast
 import functools
 import re
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from support.docs import ROOT, page_id, prose_lines
+from support.modules import is_package_only, package_modules
 
 PAGE = ROOT / "docs" / "design" / "architecture.md"
 ROW = re.compile(r"\|\s*`(?P<path>[^`]+)`\s*\|(?P<purpose>[^|]*)\|")
@@ -30,35 +30,9 @@ CODE_SPAN = re.compile(r"`(?P<text>[^`]+)`")
 PATH = re.compile(r"(?:[\w.-]+/)+(?:[\w.-]+\.py)?")
 BARE_MODULE = re.compile(r"[\w-]+\.py")
 
-
-def is_package_only(path: Path) -> bool:
-    """An `__init__.py` that holds only its docstring, imports and dunder names (`__version__`, `__all__`)."""
-    for statement in ast.parse(path.read_text(), str(path)).body:
-        if isinstance(statement, (ast.Import, ast.ImportFrom)):
-            continue
-        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
-            continue
-        targets = statement.targets if isinstance(statement, ast.Assign) else []
-        if targets and all(isinstance(t, ast.Name) and re.fullmatch(r"__\w+__", t.id) for t in targets):
-            continue
-        return False
-    return True
-
-
 PACKAGES = ("gateway", "rollout_store")
 """The packages whose every module the page names: the gateway and the store's read contract under it."""
-
-
-def package_modules() -> list[str]:
-    paths = sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
-    return [
-        str(path.relative_to(ROOT))
-        for path in paths
-        if not (path.name == "__init__.py" and is_package_only(path))
-    ]
-
-
-MODULES = package_modules()
+MODULES = package_modules(PACKAGES)
 
 
 def test_an_init_holding_only_its_docstring_imports_and_dunders_is_its_package(tmp_path: Path) -> None:

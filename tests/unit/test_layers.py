@@ -6,22 +6,11 @@ trains, and shipped code needing the testbed."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.modules import ROOT, script
 
-
-def load_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("check_layers", ROOT / "scripts" / "check_layers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-check = load_check()
+check = script("check_layers")
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:

@@ -93,33 +93,25 @@ async def test_a_store_lost_makes_the_gateway_unready_as_agent_calls_fail_and_re
 
 
 async def test_a_replica_cut_off_from_its_store_is_unready_as_it_refuses_agent_calls_and_ready_once_back(
-    databases,
+    databases, start
 ):
     db = databases.new("postgresql")
     ensure_schema(db)
-    store = Store(db)
-    settings = Settings(db=db, backend=[URL], heartbeat_interval=0.1, process_timeout=2)
-    app = create_app(settings, store=store, engine=Scripted())
+    gateway = await start(db=db, heartbeat_interval=0.1, process_timeout=2)
+    client, store = gateway.client, gateway.app.state.control.store
     cut_off = ["store unreachable: its last heartbeat failed: agent calls are refused"]
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client,
-    ):
-        reached = store.engine
-        # What the heartbeats go through, now to a port where nothing listens: as a host cut off.
-        store.engine = make_engine(f"postgresql://postgres@127.0.0.1:{refusing_port()}/test")
-        await support.until(lambda: reasons(client, cut_off), "readyz to say the store is out of reach")
-        lost = await client.get("/readyz")
-        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
-        refused = await client.post("/rollouts/r1/v1/chat/completions", json=body)
-        live = await client.get("/healthz")
+    reached = store.engine
+    # What the heartbeats go through, now to a port where nothing listens: as a host cut off.
+    store.engine = make_engine(f"postgresql://postgres@127.0.0.1:{refusing_port()}/test")
+    await support.until(lambda: reasons(client, cut_off), "readyz to say the store is out of reach")
+    lost = await client.get("/readyz")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    refused = await client.post("/rollouts/r1/v1/chat/completions", json=body)
+    live = await client.get("/healthz")
 
-        store.engine.dispose()
-        store.engine = reached
-        await support.until(
-            lambda: ready_status(client, 200), "the replica ready again once its store is back"
-        )
-    store.close()
+    store.engine.dispose()
+    store.engine = reached
+    await support.until(lambda: ready_status(client, 200), "the replica ready again once its store is back")
 
     assert (lost.status_code, lost.json()) == (503, readiness(cut_off))
     assert (refused.status_code, refused.json()["error"]["code"]) == (503, "store_unavailable")

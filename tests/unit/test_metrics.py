@@ -13,11 +13,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.fleet.collector import LoadCollector, fleet_facts
-from gateway.fleet.fleet import Fleet
 from gateway.fleet.servers import Server
 from gateway.metrics import Metrics, Samples, exposition_with, samples
 from gateway.replicas.facts import NAMES, RunFacts
 from gateway.store.backlog import Backlog
+
+from support.fleets import fleet_of
 
 FACTS = frozenset({"gateway_backend_healthy", "gateway_backend_pinned_rollouts", "gateway_paused"})
 
@@ -117,7 +118,7 @@ async def test_the_families_taken_from_one_worker_are_those_a_leading_process_ex
         async def backlog(self) -> Backlog:
             return Backlog(running=2, expired=1, unclaimed_groups=0)
 
-    fleet = Fleet(["http://vllm-a"], max_connections=1, left=lambda _url: None, lora_bases={"agent": "m"})
+    fleet = fleet_of(["http://vllm-a"], max_connections=1, lora_bases={"agent": "m"})
     store: Any = Counted()
     traffic: Any = SimpleNamespace(paused=False)
     recorder: Any = SimpleNamespace(policy_version="0")
