@@ -4,7 +4,8 @@ and reused, let go at a stream's end even before its framing's end arrives, and 
 reading stopped (over TLS too); an interim 1xx reply is skipped for the final one, so no call reads another's
 reply; bytes a server writes past a reply's end leave its call the whole reply and close the connection; what
 breaks off, stays silent, switches protocols or is not HTTP is an error the engine client maps, never a hang.
-Each test runs on asyncio's loop and on uvloop."""
+A connection moves only between the states its life allows. Each test runs on asyncio's loop and on
+uvloop."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gateway.fleet.engine import EngineClient
-from gateway.fleet.http1 import Connection, Http1Client, ReplyTimeout
+from gateway.fleet.http1 import Connection, Http1Client, Life, ReplyTimeout, State
 from gateway.fleet.replies import BackendFailure, BackendReply, BackendStreamError
 
 from support import TIMEOUT, until
@@ -49,7 +50,13 @@ UNENDED = STREAM_HEAD + b"".join(chunk(event) for event in EVENTS)
 
 
 def client(read_timeout: float = 60, keepalive: float = 60) -> Http1Client:
-    return Http1Client(connect_timeout=60, read_timeout=read_timeout, keepalive=keepalive, authorization=None)
+    return Http1Client(
+        connect_timeout=60,
+        read_timeout=read_timeout,
+        keepalive=keepalive,
+        max_connections=4,
+        authorization=None,
+    )
 
 
 def pool_for(url: str, api_key: str | None = None) -> EngineClient:
@@ -572,3 +579,55 @@ async def test_the_keepalive_time_of_a_connection_counts_from_its_replys_end_not
     engine.close()
 
     assert 0 < connection.idle_since <= ended_by
+
+
+def life_at(*path: State) -> Life:
+    """A connection's life moved along `path` from NEW."""
+    life = Life()
+    for state in path:
+        life.move(state)
+    return life
+
+
+@pytest.mark.parametrize(
+    ("path", "to"),
+    [
+        ((), State.READING_BODY),  # a reply read on a connection that asked nothing
+        (
+            (State.AWAITING_HEAD, State.READING_BODY, State.ENDED),
+            State.AWAITING_HEAD,
+        ),  # asked again, not idle
+        (
+            (State.AWAITING_HEAD, State.READING_BODY, State.ENDED),
+            State.READING_BODY,
+        ),  # an ended reply read on
+        ((State.AWAITING_HEAD, State.READING_BODY, State.DRAINING), State.ENDED),
+        ((State.AWAITING_HEAD, State.CLOSED), State.IDLE),  # a closed connection kept for reuse
+        ((State.AWAITING_HEAD, State.CLOSED), State.AWAITING_HEAD),
+    ],
+    ids=[
+        "new to reading",
+        "ended to asked",
+        "ended to reading",
+        "draining to ended",
+        "closed to idle",
+        "reopened",
+    ],
+)
+async def test_a_move_a_connections_life_does_not_allow_is_refused_and_leaves_its_state(
+    path: tuple[State, ...], to: State
+):
+    life = life_at(*path)
+    was = life.state
+    with pytest.raises(AssertionError) as refused:
+        life.move(to)
+
+    assert (str(refused.value), life.state) == (f"{was.value} to {to.value}", was)
+
+
+async def test_a_connection_goes_idle_and_back_and_closes_from_any_state_even_closed():
+    life = life_at(State.AWAITING_HEAD, State.READING_BODY, State.DRAINING, State.IDLE, State.AWAITING_HEAD)
+    life.move(State.CLOSED)
+    life.move(State.CLOSED)  # both sides close it, in either order
+
+    assert life.state is State.CLOSED
