@@ -25,6 +25,15 @@ _HIGH_WATER = 1 << 18
 """Bytes of a reply held unread before the server's socket stops being read (an agent reading slower than
 the engine writes): the engine's own send buffer then fills and vLLM waits, rather than the gateway's memory
 growing."""
+_PIECE = 1 << 20
+"""Bytes of a request's body written at a time when it is larger: the transport is handed the next piece only
+while it has room (`Connection.pause_writing`), so a large body is paced by the server's reading and is not
+copied whole into the transport's buffer. A body of one piece (nearly every call's) is written with its head
+at once, as the kernel's socket buffer mostly takes it whole."""
+_SILENT = "nothing arrived in {:g} s"
+"""A read timeout's message when nothing of the reply came."""
+_UNREAD = "the server read no more of the request in {:g} s"
+"""A read timeout's message when the server left a request being written unread."""
 
 
 class ConnectTimeout(Exception):
@@ -48,7 +57,7 @@ class Disconnected(Exception):
 
 
 class ReplyTimeout(TimeoutError):
-    """Nothing arrived from the server for the read timeout."""
+    """Nothing arrived from the server for the read timeout, nor did it read more of a request being sent."""
 
 
 class BrokenReply(Exception):
@@ -58,13 +67,13 @@ class BrokenReply(Exception):
 class State(enum.Enum):
     """Where a connection is in its life (`Life`). Only IDLE connections are among their server's idle ones,
     and only `Connection._go_idle` makes one IDLE: reading its socket, nothing held, nothing of its last
-    reply left."""
+    reply left, nothing of its last request unwritten."""
 
     NEW = "new"
     """Connected; nothing asked yet."""
     AWAITING_HEAD = "awaiting head"
-    """A request sent (written whole at once: there is no state of a request half sent), its reply's final
-    head not yet arrived (interim 1xx replies are skipped)."""
+    """A request sent, or being written (a body of more than one piece, as the server reads it), its reply's
+    final head not yet arrived (interim 1xx replies are skipped)."""
     READING_BODY = "reading body"
     ENDED = "ended"
     """The reply has all arrived; its caller has not let go of it yet."""
@@ -125,6 +134,10 @@ class Connection(asyncio.Protocol):
         self._buffered = 0
         self._reading_paused = False
         """Reading stopped (more than the high-water mark held): orthogonal to the state, except IDLE."""
+        self._writing_paused = False
+        """The transport holds more than its own high-water mark unsent (`pause_writing`)."""
+        self._sent_whole = False
+        """The last request was written whole: a connection left with part of one unsent is never reused."""
         self._framed = False
         self._keep_alive = False
         self._draining: asyncio.TimerHandle | None = None
@@ -165,6 +178,13 @@ class Connection(asyncio.Protocol):
             self._reading_paused = True
             self._transport.pause_reading()
         self._wake()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._wake()  # a request being written goes on (`_send`)
 
     def connection_lost(self, exc: Exception | None) -> None:
         was = self._life.state
@@ -220,14 +240,19 @@ class Connection(asyncio.Protocol):
         """Send a request; its reply's status, once its head has arrived."""
         if not self.open:  # closed by the server between its connect (or its last reply) and now
             raise Disconnected("connection closed before the request", retry=True)
-        assert self._transport is not None and self._life.state in (State.NEW, State.IDLE)
+        transport = self._transport
+        assert transport is not None and self._life.state in (State.NEW, State.IDLE)
         self._parser = httptools.HttpResponseParser(self)
         self._framed = self._keep_alive = False
         self._error = None
         self.status = 0
         self._buffered = 0
         self._life.move(State.AWAITING_HEAD)
-        self._transport.writelines((request, body))
+        if len(body) <= _PIECE and not self._writing_paused:
+            transport.writelines((request, body))
+            self._sent_whole = True
+        else:
+            await self._send(request, body)
         while not self.status:
             await self._wait()
         return self.status
@@ -293,12 +318,38 @@ class Connection(asyncio.Protocol):
 
     # -- inner workings -------------------------------------------------------------------------------------
 
-    async def _wait(self) -> None:
+    async def _send(self, request: bytes, body: bytes) -> None:
+        """Write a request a piece of its body at a time (`_PIECE`), each once the transport has room for it.
+        A reply that begins meanwhile (a server refusing the request before reading it all) or the
+        connection's close ends the writing; the connection, with part of its request unsent, is not reused.
+        """
+        self._sent_whole = False
+        transport = self._transport
+        assert transport is not None
+        view = memoryview(body)
+        for start in range(0, max(len(body), 1), _PIECE):
+            while self._writing_paused and self._writing_on():
+                await self._wait(_UNREAD)
+            if not self._writing_on():
+                return
+            if start:
+                transport.write(view[start : start + _PIECE])
+            else:  # the head with the first piece, in one write
+                transport.writelines((request, view[:_PIECE]))
+        self._sent_whole = True
+
+    def _writing_on(self) -> bool:
+        """The request's writing goes on: the connection is open and no reply has begun."""
+        return not self.status and self.open
+
+    async def _wait(self, stalled: str = _SILENT) -> None:
+        """Until woken (`_wake`) or failed (`_fail`); `stalled`: the timeout's message, should nothing happen
+        for the read timeout."""
         if self._error is not None:
             raise self._error
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(self._read_timeout, self._time_out, waiter)
+        timer = loop.call_later(self._read_timeout, self._time_out, waiter, stalled)
         try:
             await waiter
         finally:
@@ -317,9 +368,9 @@ class Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _time_out(self, waiter: asyncio.Future[None]) -> None:
+    def _time_out(self, waiter: asyncio.Future[None], stalled: str) -> None:
         if not waiter.done():
-            waiter.set_exception(ReplyTimeout(f"nothing arrived in {self._read_timeout:g} s"))
+            waiter.set_exception(ReplyTimeout(stalled.format(self._read_timeout)))
 
     def _fail(self, error: Exception) -> None:
         self._error = error
@@ -333,9 +384,10 @@ class Connection(asyncio.Protocol):
             self._draining = None
 
     def _go_idle(self) -> None:
-        """The only way to IDLE: the reply over, its connection reading again with nothing held; or closed."""
+        """The only way to IDLE: the reply over, its request written whole, its connection reading again with
+        nothing held; or closed."""
         life, pool = self._life, self._pool
-        if life.state is State.CLOSED or not self._keep_alive or pool.retired:
+        if life.state is State.CLOSED or not self._keep_alive or not self._sent_whole or pool.retired:
             self.close()
             return
         self._parser = None
