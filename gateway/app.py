@@ -189,11 +189,13 @@ def wire(app: FastAPI, settings: Settings, store: Store, scripted: Scripted | No
     metrics, traffic = Metrics(lambda: store.commits), Traffic(settings.pause_timeout)
     api_key = settings.backend_api_key.get_secret_value() if settings.backend_api_key else None
     calls = turn_client(
-        timeout=settings.backend_timeout, connect_timeout=settings.connect_timeout, api_key=api_key
+        timeout=settings.backend_timeout,
+        connect_timeout=settings.connect_timeout,
+        max_connections=settings.max_connections,
+        api_key=api_key,
     )
     fleet = Fleet(
         BackendFile(settings.backend_file).read() if settings.backend_file else settings.backend,
-        max_connections=settings.max_connections,
         left=calls.forget,
         pins=store if scripted is None else None,  # a scripted engine's pins stay in this process
         by_group=settings.placement == PlacementPolicy.GROUP,

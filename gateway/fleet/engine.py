@@ -16,6 +16,7 @@ from typing import Protocol
 import aiohttp
 
 from gateway.fleet import health
+from gateway.fleet.connections import Pool
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.http1 import (
     BrokenReply,
@@ -33,8 +34,9 @@ from gateway.fleet.servers import Server
 log = logging.getLogger(__name__)
 
 _CONTROL_CONNECTIONS = 8
-"""Connections of the aiohttp session to each server beyond `max_connections`: health checks and the fleet's
-control calls (pause, weights) never wait behind agents' reads through it (/v1/models, /detokenize)."""
+"""Connections of the aiohttp session to each server beyond the turn path's (`--max-connections`): health
+checks and the fleet's control calls (pause, weights) never wait behind agents' reads through it (/v1/models,
+/detokenize)."""
 
 
 _KEEPALIVE = 4.0
@@ -105,13 +107,16 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
-def turn_client(*, timeout: float, connect_timeout: float, api_key: str | None) -> Http1Client:
+def turn_client(
+    *, timeout: float, connect_timeout: float, max_connections: int, api_key: str | None
+) -> Http1Client:
     """The turn path's HTTP/1.1 client, with the gateway's own credentials (vLLM's --api-key); an agent's are
-    never forwarded."""
+    never forwarded. `max_connections`: the calls each server takes at once (`--max-connections`)."""
     return Http1Client(
         connect_timeout=connect_timeout,
         read_timeout=timeout,
         keepalive=_KEEPALIVE,
+        max_connections=max_connections,
         authorization=_bearer(api_key),
     )
 
@@ -135,11 +140,11 @@ class EngineClient:
         ejected: Callable[[Server], None] = lambda _server: None,
         revived: Callable[[health.Found], None] = lambda _found: None,
     ) -> None:
-        """`calls`: the turn path's client (`turn_client`; the fleet closes its connections to a server that
-        leaves). `waited`: told the seconds each call waited for a connection (the metrics' queue stage).
-        `ejected`: told when a call finds a server unreachable (`gateway.replicas.publish` tells every
-        process). `revived`: told when an ejected server passed a check made for a call that no server took
-        (`revive`)."""
+        """`calls`: the turn path's client (`turn_client`), whose pools bound the calls each server takes at
+        once (the fleet closes its connections to a server that leaves). `waited`: told the seconds each call
+        waited for a connection (the metrics' queue stage). `ejected`: told when a call finds a server
+        unreachable (`gateway.replicas.publish` tells every process). `revived`: told when an ejected server
+        passed a check made for a call that no server took (`revive`)."""
         self.fleet = fleet
         self.max_queued = max_queued
         self.queued = 0
@@ -158,7 +163,7 @@ class EngineClient:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
                 limit=0,
-                limit_per_host=fleet.max_connections + _CONTROL_CONNECTIONS,
+                limit_per_host=calls.pools.limit + _CONTROL_CONNECTIONS,
                 keepalive_timeout=_KEEPALIVE,
             ),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout),
@@ -225,7 +230,7 @@ class EngineClient:
             if ahead is not None:
                 compute = partial(self._compute, server, ahead)
                 await self.fleet.leaders.first(server.url, ahead, compute, partial(self._queue, server))
-            await self._connection(server)
+            pool = await self._connection(server)
             started = time.monotonic()
             server.in_flight += 1
             server.requests += 1
@@ -236,7 +241,7 @@ class EngineClient:
                     async with asyncio.timeout(deadline - time.monotonic()):
                         connection = await self._post(server.url, path, body)
             except ConnectTimeout as exc:  # not a refusal: the server is busy
-                self._failed(server)
+                self._failed(server, pool)
                 raise BackendFailure(
                     "busy",
                     f"backend {server.url} did not accept a connection within {self.connect_timeout:g} s: "
@@ -244,28 +249,28 @@ class EngineClient:
                     server.url,
                 ) from exc
             except ConnectFailed as exc:
-                self._failed(server)
+                self._failed(server, pool)
                 self._eject(server, f"connection failed: {exc}")
                 last_error, moved_from = exc, moved_from or server.url
                 continue
             except ServerLost as exc:
-                self._failed(server)
+                self._failed(server, pool)
                 self._eject(server, f"went away: {exc.__cause__}")
                 raise BackendFailure("failed", f"backend {server.url} went away: {exc}", server.url) from exc
             except TimeoutError as exc:  # the reply's read timeout (ReplyTimeout), or the call's deadline
-                self._failed(server)
+                self._failed(server, pool)
                 raise BackendFailure("timeout", f"backend {server.url} timed out", server.url) from exc
             except (Disconnected, BrokenReply) as exc:
-                self._failed(server)
+                self._failed(server, pool)
                 raise BackendFailure("failed", f"backend {server.url} failed: {exc}", server.url) from exc
             except BaseException:  # cancelled (the agent left), or unforeseen: the connection is given back
-                _release_connection(server)
+                _release_connection(server, pool)
                 raise
             server.took(time.monotonic() - started)
             if connection.status >= 500:
                 server.errors += 1
             return Routed(
-                server.url, BackendReply(connection, partial(_release_connection, server)), moved_from
+                server.url, BackendReply(connection, partial(_release_connection, server, pool)), moved_from
             )
         message = f"no backend reachable ({', '.join(self.fleet.servers)}): {last_error!r}"
         raise BackendFailure("unreachable", message) from last_error
@@ -274,22 +279,25 @@ class EngineClient:
         """Have the server compute the prompt of `ahead` (its copy's reply, read to the end), within the
         copy's share of the timeout: past it the copy is dropped (vLLM aborts it)."""
         async with asyncio.timeout(self.timeout * _COPY_SHARE):
-            await self._connection(server)
+            pool = await self._connection(server)
             server.in_flight += 1
             server.requests += 1
             try:
                 connection = await self._post(server.url, ahead.path, ahead.copy)
             except BaseException:
-                _release_connection(server)
+                _release_connection(server, pool)
                 raise
-            await BackendReply(connection, partial(_release_connection, server)).body()
+            await BackendReply(connection, partial(_release_connection, server, pool)).body()
 
-    async def _connection(self, server: Server) -> None:
-        """Take one of the server's connections, waiting in the queue while all are busy."""
-        if not server.connections.locked():
-            await server.connections.acquire()  # free: returns at once
-            return
-        await self._queue(server, server.connections.acquire)
+    async def _connection(self, server: Server) -> Pool[Connection]:
+        """Take a slot of the server's pool, waiting in the queue while all are held; the pool, to give it
+        back to (that of the server's URL when the call began, even if the server leaves meanwhile)."""
+        pool = self._calls.pools.of(server.url)
+        if pool.full:
+            await self._queue(server, pool.take)
+        else:
+            await pool.take()  # free: returns at once
+        return pool
 
     async def _queue(self, server: Server, wait: Callable[[], Awaitable[object]]) -> None:
         """Wait in the queue (`wait`: for a connection, or for the prompt computed ahead). Past `max_queued`
@@ -310,8 +318,8 @@ class EngineClient:
             self.queued -= 1
             self.waited(time.monotonic() - started)
 
-    def _failed(self, server: Server) -> None:
-        _release_connection(server)
+    def _failed(self, server: Server, pool: Pool[Connection]) -> None:
+        _release_connection(server, pool)
         server.errors += 1
 
     def _eject(self, server: Server, why: str) -> None:
@@ -449,7 +457,7 @@ class EngineClient:
         await self._session.close()
 
 
-def _release_connection(server: Server) -> None:
+def _release_connection(server: Server, pool: Pool[Connection]) -> None:
     """The call gave its connection back."""
     server.in_flight -= 1
-    server.connections.release()
+    pool.give_back()

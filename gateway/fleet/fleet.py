@@ -8,7 +8,6 @@ name."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +28,6 @@ class Fleet:
         self,
         urls: list[str],
         *,
-        max_connections: int,
         left: Callable[[str], None],
         pins: PinStore | None = None,
         by_group: bool = True,
@@ -46,8 +44,6 @@ class Fleet:
         this process's last call on a retired version ended."""
         if not urls:
             raise ValueError("at least one backend URL is required")
-        self.max_connections = max_connections
-        """Calls each server holds a connection for at once; more wait in the queue."""
         self._left = left
         self.servers: dict[str, Server] = {}
         self.prefixes = PrefixIndex()
@@ -72,8 +68,7 @@ class Fleet:
         url = url.rstrip("/")
         server = self.servers.get(url)
         if server is None:
-            connections = asyncio.Semaphore(self.max_connections)
-            server = self.servers[url] = Server(url, healthy, added_at=time.time(), connections=connections)
+            server = self.servers[url] = Server(url, healthy, added_at=time.time())
             log.info("backend %s added", url)
             if self.events is not None:
                 self.events.follow(url)

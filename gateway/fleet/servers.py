@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -59,8 +58,6 @@ class Server:
     scale_out: bool | None = None
     """Whether it serves vLLM's token-in/token-out endpoints (exact mode), once known."""
     added_at: float = field(default=0.0)
-    connections: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1024), repr=False)
-    """Calls that may hold a connection to it at once (`Fleet` sets its own limit)."""
 
     def serves(self, model: str | None) -> bool:
         """Unknown models (or none yet listed) go anywhere: the server's own answer is the agent's. An adapter

@@ -11,16 +11,10 @@ from gateway.fleet.placement import PinStore
 
 
 def fleet_of(
-    urls: Sequence[str],
-    *,
-    max_connections: int = 4,
-    pins: PinStore | None = None,
-    lora_bases: dict[str, str] | None = None,
+    urls: Sequence[str], *, pins: PinStore | None = None, lora_bases: dict[str, str] | None = None
 ) -> Fleet:
     """Servers placed among without being called (no connections to close when one leaves)."""
-    return Fleet(
-        list(urls), max_connections=max_connections, left=lambda _url: None, pins=pins, lora_bases=lora_bases
-    )
+    return Fleet(list(urls), left=lambda _url: None, pins=pins, lora_bases=lora_bases)
 
 
 def engine_client(
@@ -34,8 +28,10 @@ def engine_client(
     eject_after: int = 2,
 ) -> EngineClient:
     """An engine client on a fleet of its own (pins in this process only)."""
-    calls = turn_client(timeout=timeout, connect_timeout=connect_timeout, api_key=api_key)
-    fleet = Fleet(list(urls), max_connections=max_connections, left=calls.forget)
+    calls = turn_client(
+        timeout=timeout, connect_timeout=connect_timeout, max_connections=max_connections, api_key=api_key
+    )
+    fleet = Fleet(list(urls), left=calls.forget)
     return EngineClient(
         fleet,
         calls,

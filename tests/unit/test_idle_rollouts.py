@@ -107,7 +107,7 @@ async def test_an_expired_rollout_takes_no_turn_and_cannot_be_finished(store):
 
 
 async def test_expired_rollouts_leave_their_servers_load_and_new_rollouts_spread_again(store):
-    fleet = fleet_of(["http://s0", "http://s1", "http://s2"], max_connections=8, pins=store)
+    fleet = fleet_of(["http://s0", "http://s1", "http://s2"], pins=store)
     try:
         for i in range(6):  # a previous run's rollouts on s0, never finished
             await store.pin(f"old-{i}", lambda _: "http://s0", fleet.urls)

@@ -118,7 +118,7 @@ async def test_the_families_taken_from_one_worker_are_those_a_leading_process_ex
         async def backlog(self) -> Backlog:
             return Backlog(running=2, expired=1, unclaimed_groups=0)
 
-    fleet = fleet_of(["http://vllm-a"], max_connections=1, lora_bases={"agent": "m"})
+    fleet = fleet_of(["http://vllm-a"], lora_bases={"agent": "m"})
     store: Any = Counted()
     traffic: Any = SimpleNamespace(paused=False)
     recorder: Any = SimpleNamespace(policy_version="0")

@@ -121,7 +121,7 @@ async def placing(request: pytest.FixtureRequest, databases: Any) -> AsyncIterat
     url = databases.new(request.param)
     ensure_schema(url)
     store = Store(url)
-    fleet = fleet_of(["http://s0", "http://s1", "http://s2"], max_connections=8, pins=store)
+    fleet = fleet_of(["http://s0", "http://s1", "http://s2"], pins=store)
     try:
         yield fleet, store
     finally:

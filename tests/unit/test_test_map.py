@@ -68,17 +68,17 @@ MAP: dict[str, tuple[str, ...]] = {
         H + "test_metrics_per_host.py",
     ),
     "gateway/fleet/engine.py": (
-        H + "test_backend_connections.py",
-        H + "test_engine_client_fuzzed.py",
+        H + "test_engine.py",
+        H + "test_http1_fuzzed.py",
         H + "test_backend_return.py",
         E + "test_overload.py",
     ),
     "gateway/fleet/fleet.py": (U + "test_routing.py", H + "test_group_placement.py"),
     "gateway/fleet/health.py": (U + "test_routing.py", H + "test_backend_return.py", H + "test_run_state.py"),
-    "gateway/fleet/http1.py": (H + "test_http1.py", H + "test_engine_client_fuzzed.py"),
+    "gateway/fleet/http1.py": (H + "test_http1.py", H + "test_http1_fuzzed.py"),
     "gateway/fleet/kv_events.py": (U + "test_prefixes.py", E + "test_fleet.py"),
     "gateway/fleet/placement.py": (U + "test_routing.py", H + "test_group_placement.py", E + "test_fleet.py"),
-    "gateway/fleet/replies.py": (H + "test_agent_path.py", H + "test_backend_connections.py"),
+    "gateway/fleet/replies.py": (H + "test_agent_path.py", H + "test_engine.py"),
     "gateway/fleet/servers.py": (U + "test_routing.py", U + "test_metrics.py"),
     "gateway/fleet/weight_versions.py": (H + "test_run_state.py", E + "test_admin.py"),
     "gateway/ids.py": (H + "test_requests.py",),
@@ -262,9 +262,6 @@ RUNS: dict[str, tuple[str, ...]] = {
 serve it as `gateway serve` does, tests/conftest.py), `GatewayProcess` (`python -m gateway`), and the files
 that start a process of their own (`python -m`, `python -c`) or run an example (examples/lora_grpo.py)."""
 
-PENDING: dict[str, str] = {H + "test_engine_client.py": H + "test_http1.py"}
-"""Renames under way, old -> new: until the new file exists, the old one stands for it."""
-
 check = script("check_layers")
 KNOWN = check.modules(ROOT, PACKAGES) | check.modules(ROOT / "tests", ["support"])
 GRAPH = {name: check.imported(name, path, KNOWN) | set(RUNS.get(name, ())) for name, path in KNOWN.items()}
@@ -305,12 +302,6 @@ def named_after(module: str) -> list[str]:
     """The test files named after the module, by a name no other module takes."""
     names = {name for name in module_names(module) if NAMED[name] == [module]}
     return [test_file for test_file in TEST_FILES if name_of(test_file) in names]
-
-
-def standing_for(test_file: str) -> str:
-    """The file, or while its rename is under way, the old file that stands for it."""
-    old = {new: old for old, new in PENDING.items()}.get(test_file)
-    return old if old is not None and not (ROOT / test_file).exists() else test_file
 
 
 @functools.cache
@@ -369,7 +360,7 @@ def test_the_map_names_only_modules_of_the_packages():
 def test_each_file_the_map_lists_exists_and_reaches_its_module():
     problems = []
     for module, test_files in MAP.items():
-        for test_file in map(standing_for, test_files):
+        for test_file in test_files:
             if not (ROOT / test_file).exists():
                 problems.append(f"{module}: {test_file} does not exist")
             elif dotted(module) not in reached(test_file):
@@ -378,7 +369,7 @@ def test_each_file_the_map_lists_exists_and_reaches_its_module():
 
 
 def test_every_test_file_is_named_after_a_module_or_a_package_or_listed():
-    listed = {*(f for files in MAP.values() for f in files), *OTHER, *PENDING}
+    listed = {*(f for files in MAP.values() for f in files), *OTHER}
     problems = []
     for test_file in TEST_FILES:
         name = name_of(test_file)

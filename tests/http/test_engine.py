@@ -2,11 +2,10 @@
 connection the server closed is retried on the same server, but a request a server read on a new connection is
 never sent again; a server that dies with a call at work fails that call (it is never re-run elsewhere,
 whether the kill reaches the gateway as a close or a reset) and is ejected (at once, or by the next call that
-finds it gone), and the rollout's next call moves. A removed server's connections are closed. A server too
-busy to accept a connection stays: its call is refused for the client to retry, and health checks that time
-out eject it only if another server serves its models. The servers are raw sockets, to die at an exact point
-of the exchange, or to accept no connection at all; each test runs on asyncio's own loop and on uvloop (the
-server's)."""
+finds it gone), and the rollout's next call moves. A server too busy to accept a connection stays: its call is
+refused for the client to retry, and health checks that time out eject it only if another server serves its
+models. The servers are raw sockets, to die at an exact point of the exchange, or to accept no connection at
+all; each test runs on asyncio's own loop and on uvloop (the server's)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from gateway.fleet.engine import EngineClient
 from gateway.fleet.replies import BackendFailure
 from testbed.process import refusing_port
 
-from support import until
 from support.fleets import engine_client
 from support.raw_http import ANSWER, Counted, Handler, answers, both_loops, read_request  # noqa: F401 (both_loops: both loops)
 
@@ -130,27 +128,6 @@ async def test_a_call_whose_new_connection_closes_after_the_request_went_out_is_
     assert (failed.value.kind, len(requests)) == ("failed", 1)
     assert str(failed.value) == f"backend {url} failed: connection closed before the reply"
     assert (pool.fleet.servers[url].healthy, pool.fleet.servers[url].in_flight) == (True, 0)
-
-
-async def test_a_removed_servers_connections_are_closed_idle_ones_at_once_busy_ones_when_their_call_ends(
-    serve, pool_of
-):
-    closed: list[bool] = []
-
-    async def answers_then_notes_the_close(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
-    ) -> None:
-        await answers(reader, writer, server)
-        closed.append(True)
-
-    url = await serve(answers_then_notes_the_close)
-    pool = pool_of(url)
-    idle, busy = await asyncio.gather(*(pool.send(f"r{i}", "/v1/completions", b"{}") for i in range(2)))
-    assert await idle.reply.body() == b"{}"  # its connection idle again, the other still out
-    pool.fleet.remove(url)
-    await until(lambda: len(closed) == 1, "the idle connection closed")
-    assert await busy.reply.body() == b"{}"
-    await until(lambda: len(closed) == 2, "the busy connection closed once its call ended")
 
 
 UNANSWERED = 0.2

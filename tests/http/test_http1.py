@@ -4,12 +4,15 @@ and reused, let go at a stream's end even before its framing's end arrives, and 
 reading stopped (over TLS too); an interim 1xx reply is skipped for the final one, so no call reads another's
 reply; bytes a server writes past a reply's end leave its call the whole reply and close the connection; what
 breaks off, stays silent, switches protocols or is not HTTP is an error the engine client maps, never a hang.
-Each test runs on asyncio's loop and on uvloop."""
+A request larger than the transport's buffer is written as the server reads it, and a reply that comes before
+it is all written ends the writing. A connection moves only between the states its life allows. Each test
+runs on asyncio's loop and on uvloop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import ssl
 import time
 from pathlib import Path
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gateway.fleet.engine import EngineClient
-from gateway.fleet.http1 import Connection, Http1Client, ReplyTimeout
+from gateway.fleet.http1 import Connection, Http1Client, Life, ReplyTimeout, State
 from gateway.fleet.replies import BackendFailure, BackendReply, BackendStreamError
 
 from support import TIMEOUT, until
@@ -49,7 +52,13 @@ UNENDED = STREAM_HEAD + b"".join(chunk(event) for event in EVENTS)
 
 
 def client(read_timeout: float = 60, keepalive: float = 60) -> Http1Client:
-    return Http1Client(connect_timeout=60, read_timeout=read_timeout, keepalive=keepalive, authorization=None)
+    return Http1Client(
+        connect_timeout=60,
+        read_timeout=read_timeout,
+        keepalive=keepalive,
+        max_connections=4,
+        authorization=None,
+    )
 
 
 def pool_for(url: str, api_key: str | None = None) -> EngineClient:
@@ -572,3 +581,137 @@ async def test_the_keepalive_time_of_a_connection_counts_from_its_replys_end_not
     engine.close()
 
     assert 0 < connection.idle_since <= ended_by
+
+
+def life_at(*path: State) -> Life:
+    """A connection's life moved along `path` from NEW."""
+    life = Life()
+    for state in path:
+        life.move(state)
+    return life
+
+
+@pytest.mark.parametrize(
+    ("path", "to"),
+    [
+        ((), State.READING_BODY),  # a reply read on a connection that asked nothing
+        (
+            (State.AWAITING_HEAD, State.READING_BODY, State.ENDED),
+            State.AWAITING_HEAD,
+        ),  # asked again, not idle
+        (
+            (State.AWAITING_HEAD, State.READING_BODY, State.ENDED),
+            State.READING_BODY,
+        ),  # an ended reply read on
+        ((State.AWAITING_HEAD, State.READING_BODY, State.DRAINING), State.ENDED),
+        ((State.AWAITING_HEAD, State.CLOSED), State.IDLE),  # a closed connection kept for reuse
+        ((State.AWAITING_HEAD, State.CLOSED), State.AWAITING_HEAD),
+    ],
+    ids=[
+        "new to reading",
+        "ended to asked",
+        "ended to reading",
+        "draining to ended",
+        "closed to idle",
+        "reopened",
+    ],
+)
+async def test_a_move_a_connections_life_does_not_allow_is_refused_and_leaves_its_state(
+    path: tuple[State, ...], to: State
+):
+    life = life_at(*path)
+    was = life.state
+    with pytest.raises(AssertionError) as refused:
+        life.move(to)
+
+    assert (str(refused.value), life.state) == (f"{was.value} to {to.value}", was)
+
+
+async def test_a_connection_goes_idle_and_back_and_closes_from_any_state_even_closed():
+    life = life_at(State.AWAITING_HEAD, State.READING_BODY, State.DRAINING, State.IDLE, State.AWAITING_HEAD)
+    life.move(State.CLOSED)
+    life.move(State.CLOSED)  # both sides close it, in either order
+
+    assert life.state is State.CLOSED
+
+
+LARGE = bytes(range(256)) * (1 << 17)
+"""32 MiB: more than the kernel's buffers on both sides hold, so the client's transport fills and pauses."""
+
+
+def digest(body: bytes) -> bytes:
+    return hashlib.sha256(body).hexdigest().encode()
+
+
+async def test_a_request_past_the_transports_buffer_is_written_as_the_server_reads_it_and_arrives_whole(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+):
+    flow: list[tuple[str, int]] = []  # each pause and resume of the client's writing, and what was unsent
+    limits: list[tuple[int, int]] = []
+
+    def noted(name: str, method: object) -> object:
+        def note(connection: Connection) -> None:
+            transport = connection._transport
+            assert transport is not None
+            limits.append(transport.get_write_buffer_limits())
+            flow.append((name, transport.get_write_buffer_size()))
+            method(connection)  # type: ignore[operator]
+
+        return note
+
+    monkeypatch.setattr(Connection, "pause_writing", noted("paused", Connection.pause_writing))
+    monkeypatch.setattr(Connection, "resume_writing", noted("resumed", Connection.resume_writing))
+
+    async def reads_once_paused_then_answers_with_a_digest(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server
+    ) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionResetError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().partition(b"content-length: ")[2].partition(b"\r\n")[0])
+                if length > 1 << 20:  # not read until the client's writing has stopped for it
+                    await until(lambda: flow, "the client's writing paused")
+                answer = digest(await reader.readexactly(length))
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(answer), answer))
+
+    counted = Counted(reads_once_paused_then_answers_with_a_digest)
+    url = await serve(counted)
+    engine = client()
+    large = await BackendReply(await engine.post(url, "/v1/completions", LARGE)).body()
+    small = await BackendReply(await engine.post(url, "/v1/completions", b"{}")).body()
+    engine.close()
+
+    assert (large, small, counted.connections) == (digest(LARGE), digest(b"{}"), 1)
+    assert [name for name, _ in flow] == ["paused", "resumed"] * (len(flow) // 2)
+    high = max(high for _, high in limits)
+    # Each piece of the body (1 MiB) handed over while the transport held no more than its high-water mark.
+    assert max(held for _, held in flow) <= high + (1 << 20) + 200
+
+
+async def test_a_reply_that_comes_before_a_large_request_is_all_written_ends_the_writing_and_the_connection(
+    serve: Serve,
+):
+    refused = b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 9\r\n\r\ntoo large"
+    finished = asyncio.Event()
+
+    async def refuses_large_requests_unread(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: asyncio.Server
+    ) -> None:
+        if counted.connections > 1:
+            await answers(reader, writer, server)
+            return
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(refused)  # the body left unread: the client's writing fills its buffers and pauses
+        await finished.wait()
+        writer.close()
+
+    counted = Counted(refuses_large_requests_unread)
+    url = await serve(counted)
+    engine = client()
+    connection = await engine.post(url, "/v1/completions", LARGE)
+    status, body = connection.status, await BackendReply(connection).body()
+    again = await BackendReply(await engine.post(url, "/v1/completions", b"{}")).body()
+    finished.set()
+    engine.close()
+
+    assert (status, body, connection.open, again, counted.connections) == (413, b"too large", False, b"{}", 2)
