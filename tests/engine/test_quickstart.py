@@ -61,7 +61,11 @@ def test_the_readmes_quickstart_records_a_turn_and_its_reward_as_written(vllm, t
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), "the gateway to answer")
+        wait_for(
+            lambda: gateway.poll() is not None or _answers(f"http://127.0.0.1:{port}/healthz"),
+            "the gateway to answer or end",
+        )
+        assert gateway.poll() is None, (tmp_path / "gateway.log").read_text()
         created, reply, finished, stats = (shell(as_here(line, port, vllm.url), tmp_path) for line in calls)
         rollout = httpx.get(
             f"http://127.0.0.1:{port}/rollouts/r1", params={"include_tokens": "true"}, timeout=TIMEOUT
