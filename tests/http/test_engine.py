@@ -49,7 +49,7 @@ async def pool_of() -> AsyncIterator[Callable[..., EngineClient]]:
 
     def make(*urls: str) -> EngineClient:
         pools.append(
-            engine_client(list(urls), timeout=5, connect_timeout=1, max_connections=4, max_queued=16)
+            engine_client(list(urls), timeout=60, connect_timeout=60, max_connections=4, max_queued=16)
         )
         return pools[-1]
 
