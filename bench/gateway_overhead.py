@@ -2,6 +2,7 @@
 through the gateway (SQLite and PostgreSQL stores), every turn durably committed.
 
     scripts/dev bench [--seconds 10] [--connections 32] [--workers 2]
+    python bench/gateway_overhead.py --against 703d98a   # HEAD against that commit, in one sitting
 
 The upstream (bench/fake_vllm.py) answers instantly with canned bytes of the shape vLLM sends with
 `return_token_ids` and `logprobs` (3.2k prompt ids, 64 sampled ids), so the differences are the gateway's.
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import builds
 import fake_vllm
 import orjson
 import sqlalchemy as sa
@@ -162,6 +164,79 @@ def postgres_schemas(count: int) -> Iterator[list[str]]:
         admin.dispose()
 
 
+Row = tuple[float, float, float]
+"""p50 ms, p99 ms, req/s."""
+
+
+def stores_of(urls: list[str], work: Path, workers: int) -> dict[str, tuple[str, list[str]]]:
+    """The stores measured, by name: their URL and the gateway's extra flags."""
+    stores = {"gateway, SQLite": (f"sqlite:///{work / f'bench-{uuid.uuid4().hex[:8]}.db'}", [])}
+    stores["gateway, PostgreSQL"] = (urls[0], [])
+    if workers > 1:
+        stores[f"gateway, PostgreSQL, {workers} workers"] = (urls[1], ["--workers", str(workers)])
+    return stores
+
+
+def through_gateway(
+    upstream_port: int,
+    db_url: str,
+    extra: list[str],
+    work: Path,
+    args: argparse.Namespace,
+    env: dict[str, str] | None,
+) -> Row:
+    with GatewayProcess(
+        [f"http://127.0.0.1:{upstream_port}"],
+        db_url,
+        log_path=work / "gateway.log",
+        extra_args=extra,
+        env=env,
+    ) as gw:
+        return measure(gw.port, "gateway", args)
+
+
+def print_row(name: str, row: Row, floor: Row, note: str = "") -> None:
+    p50, p99, rate = row
+    print(
+        f"{name:<31} {p50:>8.2f} {p99:>8.2f} {rate:>8.0f} {p50 - floor[0]:>+9.2f}  "
+        f"{rate / floor[2]:>8.1%}   {note}"
+    )
+
+
+def single(upstream_port: int, floor: Row, work: Path, args: argparse.Namespace) -> None:
+    """The checkout's gateway on each store."""
+    with postgres_schemas(2 if args.workers > 1 else 1) as urls:
+        for name, (db_url, extra) in stores_of(urls, work, args.workers).items():
+            row = through_gateway(upstream_port, db_url, extra, work, args, None)
+            print_row(name, row, floor, f"({stored_bytes_per_turn(db_url) / 1024:.1f} KB of ids per turn)")
+
+
+def compared(upstream_port: int, floor: Row, work: Path, args: argparse.Namespace) -> None:
+    """HEAD against `--against`, each from its own wheel, alternating, each run on a fresh store; then each
+    version's median and their ratio."""
+    versions = {ref: builds.environment(builds.installed(ref, work)) for ref in ("HEAD", args.against)}
+    rows: dict[tuple[str, str], list[Row]] = {}
+    for round_ in range(args.rounds):
+        with postgres_schemas(2 * (2 if args.workers > 1 else 1)) as urls:
+            for index, (ref, env) in enumerate(versions.items()):
+                mine = urls[index::2]
+                for name, (db_url, extra) in stores_of(mine, work, args.workers).items():
+                    row = through_gateway(upstream_port, db_url, extra, work, args, env)
+                    rows.setdefault((name, ref), []).append(row)
+                    print_row(f"{name}, {ref}"[:31], row, floor, f"(run {round_ + 1})")
+    print(f"\nmedians of {args.rounds} runs; ratio: HEAD's req/s over {args.against}'s, and p50's")
+    for name in dict.fromkeys(name for name, _ in rows):
+        head, old = (median_row(rows[name, ref]) for ref in versions)
+        for ref, row in zip(versions, (head, old), strict=True):
+            print_row(f"{name}, {ref}"[:31], row, floor)
+        print(f"{'':<31} req/s x{head[2] / old[2]:.3f}, p50 x{head[0] / old[0]:.3f}")
+
+
+def median_row(rows: list[Row]) -> Row:
+    p50, p99, rate = zip(*rows, strict=True)
+    return statistics.median(p50), statistics.median(p99), statistics.median(rate)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -172,6 +247,12 @@ def main() -> int:
     parser.add_argument(
         "--workers", type=int, default=1, help="also measure PostgreSQL behind `gateway serve --workers N`"
     )
+    parser.add_argument(
+        "--against",
+        metavar="COMMIT",
+        help="compare HEAD with this commit, each run from the wheel built from its own tree, alternating",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --against: runs of each version")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
@@ -182,32 +263,9 @@ def main() -> int:
     )
     print(f"{'target':<31} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'added p50':>10} {'of floor':>9}")
     try:
-        floor_p50, floor_p99, floor_rate = measure(upstream_port, "direct", args)
-        print(
-            f"{'upstream directly':<31} {floor_p50:>8.2f} {floor_p99:>8.2f} {floor_rate:>8.0f} "
-            f"{'':>10} {'':>9}"
-        )
-        stores = {"gateway, SQLite": (f"sqlite:///{work / 'bench.db'}", [])}
-        with postgres_schemas(2 if args.workers > 1 else 1) as urls:
-            stores["gateway, PostgreSQL"] = (urls[0], [])
-            if args.workers > 1:
-                stores[f"gateway, PostgreSQL, {args.workers} workers"] = (
-                    urls[1],
-                    ["--workers", str(args.workers)],
-                )
-            for name, (db_url, extra) in stores.items():
-                with GatewayProcess(
-                    [f"http://127.0.0.1:{upstream_port}"],
-                    db_url,
-                    log_path=work / "gateway.log",
-                    extra_args=extra,
-                ) as gw:
-                    p50, p99, rate = measure(gw.port, "gateway", args)
-                print(
-                    f"{name:<31} {p50:>8.2f} {p99:>8.2f} {rate:>8.0f} {p50 - floor_p50:>+9.2f}  "
-                    f"{rate / floor_rate:>8.1%}   "
-                    f"({stored_bytes_per_turn(db_url) / 1024:.1f} KB of ids per turn)"
-                )
+        floor = measure(upstream_port, "direct", args)
+        print(f"{'upstream directly':<31} {floor[0]:>8.2f} {floor[1]:>8.2f} {floor[2]:>8.0f}")
+        (compared if args.against else single)(upstream_port, floor, work, args)
     finally:
         upstream.stop()
     return 0

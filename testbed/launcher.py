@@ -20,12 +20,14 @@ class GatewayProcess:
         host: str = "127.0.0.1",
         port: int | None = None,
         extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.backends = list(backends)
         self.db_url = db_url
         self.host = host
         self.port = port
         self.extra_args = list(extra_args)
+        self.env = env
         self.log_path = log_path
         self._process: ManagedProcess | None = None
 
@@ -46,7 +48,7 @@ class GatewayProcess:
         command += ["--port", str(port), *self.extra_args]
         for backend in self.backends:
             command += ["--backend", backend]
-        return ManagedProcess(command, log_path=self.log_path, name="gateway")
+        return ManagedProcess(command, log_path=self.log_path, env=self.env, name="gateway")
 
     def start(self, timeout: float = 60.0) -> GatewayProcess:
         self._process, self.port = start_until_ready(

@@ -1,0 +1,136 @@
+"""What a model call costs as the store grows: the gateway's latency and throughput (as
+bench/gateway_overhead.py measures them) on a store already holding 0, 100k and 1M turns.
+
+    python bench/store_growth.py [--sizes 0,100000,1000000] [--stores sqlite,postgresql]
+
+The store is filled as the gateway fills it: its first turns are the gateway's own (rollouts of 20 calls
+against bench/fake_vllm.py, 3.2k prompt ids a turn), finished, then copied under new rollout ids, doubling
+until the store holds the size asked for (1M turns: about 13 GB of ids). Then a gateway starts on it and is
+measured: its new rollouts land beside the million stored ones, in the same tables and indexes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import fake_vllm
+import sqlalchemy as sa
+from gateway_overhead import Client, agent_body, measure, paths_for, postgres_schemas
+
+from rollout_store.database import ensure_schema, make_engine
+from rollout_store.schema import rollouts, turns
+from testbed.launcher import GatewayProcess
+
+SEED_TURNS = 200
+"""Turns the gateway records itself before the store is doubled up to size."""
+
+
+async def record(port: int, calls: int) -> None:
+    """`calls` turns through the gateway, in rollouts of 20."""
+    client, body, paths = Client("127.0.0.1", port), agent_body(), paths_for("gateway")
+    await client.connect()
+    for _ in range(calls):
+        if await client.post(next(paths), body) != 200:
+            raise RuntimeError("the seed call failed")
+    client.writer.close()
+
+
+def double(db_url: str, size: int) -> None:
+    """Copy the store's rollouts and turns under new ids until it holds `size` turns (each copy's turns are
+    whole rollouts: the count ends at or just past `size`), every copied rollout finished."""
+    engine = make_engine(db_url)
+    rollout_columns = [c.name for c in rollouts.columns]
+    turn_columns = [c.name for c in turns.columns if c.name != "turn_id"]
+    generation = 0
+    while True:
+        with engine.connect() as conn:
+            held = conn.execute(sa.text("SELECT COUNT(*) FROM turns")).scalar_one()
+        print(f"  {held:>9,} turns stored", flush=True)
+        if held >= size:
+            break
+        generation += 1
+        per_rollout = held // max(1, _count(engine, "rollouts"))
+        wanted = max(1, (size - held) // max(1, per_rollout))
+        with engine.begin() as conn:
+            copy = f"'-{generation}'"
+            conn.execute(
+                sa.text(f"CREATE TEMPORARY TABLE picked AS SELECT rollout_id FROM rollouts LIMIT {wanted}")
+            )
+            renamed = {"rollout_id": f"rollout_id || {copy}", "group_id": f"group_id || {copy}"}
+            for table, columns in (("rollouts", rollout_columns), ("turns", turn_columns)):
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO {table} ({', '.join(columns)}) SELECT "
+                        + ", ".join(renamed.get(c, c) for c in columns)
+                        + f" FROM {table} WHERE rollout_id IN (SELECT rollout_id FROM picked)"
+                    )
+                )
+            conn.execute(sa.text("DROP TABLE picked"))
+    with engine.begin() as conn:  # a turn is stored only on a running rollout: the copies finish last
+        conn.execute(sa.text("UPDATE rollouts SET status = 'finished', finished_at = created_at + 1"))
+    engine.dispose()
+
+
+def _count(engine: sa.Engine, table: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(f"SELECT COUNT(*) FROM {table}")).scalar_one())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="0,100000,1000000", help="stored turns before each measure")
+    parser.add_argument("--stores", default="sqlite,postgresql", help="the stores measured")
+    parser.add_argument("--requests", type=int, default=1000, help="sequential requests for the latency run")
+    parser.add_argument("--connections", type=int, default=32, help="concurrent connections for throughput")
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
+    args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",")]
+
+    work = Path(tempfile.mkdtemp(prefix="gateway-growth-"))
+    upstream, upstream_port = fake_vllm.start(work)
+    backend = [f"http://127.0.0.1:{upstream_port}"]
+    print(
+        f"{'store':<12} {'turns':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} "
+        f"{'p50 vs 0':>9} {'req/s vs 0':>10}"
+    )
+    try:
+        with postgres_schemas(len(sizes)) as schemas:
+            for store in args.stores.split(","):
+                first: tuple[float, float, float] | None = None
+                for index, size in enumerate(sizes):
+                    if store == "sqlite":
+                        db_url = f"sqlite:///{work / f'growth-{uuid.uuid4().hex[:8]}.db'}"
+                    else:
+                        db_url = schemas[index]
+                    ensure_schema(db_url)
+                    if size:
+                        started = time.perf_counter()
+                        with GatewayProcess(backend, db_url, log_path=work / "seed.log") as gw:
+                            asyncio.run(record(gw.port, min(size, SEED_TURNS)))
+                        double(db_url, size)
+                        print(f"  filled in {time.perf_counter() - started:.0f} s", flush=True)
+                    with GatewayProcess(backend, db_url, log_path=work / "gateway.log") as gw:
+                        row = measure(gw.port, "gateway", args)
+                    first = first or row
+                    print(
+                        f"{store:<12} {size:>10,} {row[0]:>8.2f} {row[1]:>8.2f} {row[2]:>8.0f} "
+                        f"{row[0] / first[0]:>8.1%} {row[2] / first[2]:>10.1%}",
+                        flush=True,
+                    )
+                    if store == "sqlite":
+                        Path(db_url.removeprefix("sqlite:///")).unlink()
+    finally:
+        upstream.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
