@@ -9,18 +9,15 @@ rollout creates it; with the scripted engine, whose pins live in memory, the fir
 from __future__ import annotations
 
 import asyncio
-import shutil
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 import sqlalchemy as sa
 
-from gateway.app import create_app
-from gateway.settings import Settings
 from rollout_store.database import make_engine
 from trainer_client import TrainerClient
 
@@ -68,7 +65,7 @@ class OwnFleet:
 
 
 @pytest.fixture
-async def own_fleet(tmp_path: Path, empty_store: Path, serve: Serve) -> AsyncIterator[OwnFleet]:
+async def own_fleet(serve: Serve, start: Callable[..., Awaitable[Any]]) -> OwnFleet:
     calls: list[str] = []
 
     async def vllm(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: asyncio.Server) -> None:
@@ -99,16 +96,9 @@ async def own_fleet(tmp_path: Path, empty_store: Path, serve: Serve) -> AsyncIte
         except (asyncio.IncompleteReadError, ConnectionResetError):
             writer.close()
 
-    url = await serve(vllm)
-    path = tmp_path / "gateway.db"
-    shutil.copy(empty_store, path)
-    db = f"sqlite:///{path}"
-    app = create_app(Settings(db=db, backend=[url]))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-            calls.clear()  # the start's probes
-            yield OwnFleet(client, db, calls)
+    gateway = await start(backend=[await serve(vllm)], scripted=False)
+    calls.clear()  # the start's probes
+    return OwnFleet(gateway.client, gateway.db, calls)
 
 
 async def create(client: httpx.AsyncClient, rollout_id: str, **fields: object) -> None:

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import gc
-import shutil
 
 import pytest
 
-from gateway.app import create_app
 from gateway.fleet.replies import BackendFailure
-from gateway.settings import Settings
-from gateway.store.store import Store
 
-from support.fake_engine import URL, FakeReply, Scripted, chat_reply, chat_stream, error_reply
+from support.fake_engine import URL, FakeReply, chat_reply, chat_stream, error_reply
 
 pytestmark = pytest.mark.anyio
 
@@ -341,19 +337,11 @@ async def test_a_process_that_cannot_confirm_the_fleet_turns_agent_calls_away_wi
     assert (await gw.client.get("/rollouts/r1")).status_code == 404
 
 
-async def test_while_the_gateway_runs_the_youngest_objects_are_collected_by_ten_thousands(
-    tmp_path, empty_store
-):
+async def test_while_the_gateway_runs_the_youngest_objects_are_collected_by_ten_thousands(start):
     """Every call keeps hundreds of objects alive while it runs: at the interpreter's default threshold the
     collector ran 200 times a second under load. The process's own setting comes back when the app stops."""
     before = gc.get_threshold()
-    path = tmp_path / "gateway.db"
-    shutil.copy(empty_store, path)
-    store = Store(f"sqlite:///{path}")
-    app = create_app(Settings(db=f"sqlite:///{path}", backend=[URL]), store=store, engine=Scripted())
-    try:
-        async with app.router.lifespan_context(app):
-            assert gc.get_threshold() == (10_000, 10, 10)
-    finally:
-        store.close()
+    gw = await start()
+    assert gc.get_threshold() == (10_000, 10, 10)
+    await gw.stop()
     assert gc.get_threshold() == before

@@ -6,18 +6,14 @@ socket serving vLLM's few routes, stopped and started again on its port."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from gateway.app import create_app
 from gateway.fleet.replies import BackendFailure
-from gateway.settings import Settings
-from gateway.store.store import Store
 from testbed.process import free_port
 
 from support import until
@@ -98,32 +94,22 @@ async def engine() -> AsyncIterator[Engine]:
 
 
 async def test_the_only_server_back_takes_the_next_call_at_once_and_one_refused_meanwhile_names_its_model(
-    engine: Engine, tmp_path: Path, empty_store: Path
+    engine: Engine, start: Callable[..., Awaitable[Any]]
 ):
-    shutil.copy(empty_store, tmp_path / "gateway.db")
-    db = f"sqlite:///{tmp_path / 'gateway.db'}"
-    store = Store(db)
-    app = create_app(Settings(db=db, backend=[engine.url], health_interval=3600), store=store)
-    try:
-        async with app.router.lifespan_context(app):
-            fleet = app.state.admin.fleet
-            await until(lambda: fleet.servers[engine.url].models, "the first health check")
-            async with httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://gw"
-            ) as client:
+    gw = await start(backend=[engine.url], health_interval=3600, scripted=False)
+    fleet = gw.app.state.admin.fleet
+    await until(lambda: fleet.servers[engine.url].models, "the first health check")
 
-                async def call(rollout_id: str) -> httpx.Response:
-                    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
-                    return await client.post(f"/rollouts/{rollout_id}/v1/chat/completions", json=body)
+    async def call(rollout_id: str) -> httpx.Response:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        return await gw.client.post(f"/rollouts/{rollout_id}/v1/chat/completions", json=body)
 
-                engine.down()
-                ejecting = await call("a")  # its connection refused: the server is ejected
-                refused = await call("b")
-                await engine.up()
-                back = await call("c")
-                state = (await client.get("/admin/state")).json()
-    finally:
-        store.close()
+    engine.down()
+    ejecting = await call("a")  # its connection refused: the server is ejected
+    refused = await call("b")
+    await engine.up()
+    back = await call("c")
+    state = (await gw.client.get("/admin/state")).json()
 
     assert (ejecting.status_code, ejecting.json()["error"]["code"]) == (503, "backend_unavailable")
     assert (refused.status_code, refused.json()["error"]["message"]) == (

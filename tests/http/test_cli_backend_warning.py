@@ -4,33 +4,26 @@ says that calls are refused while no backend answers (503, which agents' clients
 from __future__ import annotations
 
 import logging
-import socket
-from pathlib import Path
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.settings import Settings
+from testbed.process import refusing_port
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_a_backend_down_at_start_is_a_warning_and_the_gateway_starts(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    start: Callable[..., Awaitable[Any]], caplog: pytest.LogCaptureFixture
 ):
-    with socket.socket() as closed:  # bound, not listening: connections are refused
-        closed.bind(("127.0.0.1", 0))
-        backend = f"http://127.0.0.1:{closed.getsockname()[1]}"
-        app = create_app(Settings(db=f"sqlite:///{tmp_path}/gateway.db", backend=[backend]))
+    backend = f"http://127.0.0.1:{refusing_port()}"  # bound, not listening: connections are refused
 
-        with caplog.at_level(logging.WARNING, logger="gateway.app"):
-            async with app.router.lifespan_context(app):
-                started = [record for record in caplog.records if record.name == "gateway.app"]
-                transport = httpx.ASGITransport(app=app)
-                async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as agent:
-                    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
-                    refused = await agent.post("/rollouts/r/v1/chat/completions", json=body)
+    with caplog.at_level(logging.WARNING, logger="gateway.app"):
+        gw = await start(backend=[backend], scripted=False)
+    started = [record for record in caplog.records if record.name == "gateway.app"]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    refused = await gw.client.post("/rollouts/r/v1/chat/completions", json=body)
 
     assert [(record.levelname, record.getMessage()) for record in started] == [
         (

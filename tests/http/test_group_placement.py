@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from pathlib import Path
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-import httpx
 import orjson
 import pytest
-
-from gateway.app import create_app
-from gateway.settings import Settings
 
 from support.fake_engine import chat_completion
 from support.raw_http import Handler, Serve
@@ -53,23 +50,20 @@ def engine(calls: Counter[str], name: str) -> Handler:
 
 
 async def test_twelve_rollouts_of_one_group_started_at_once_on_three_idle_servers_go_eight_and_four(
-    serve: Serve, tmp_path: Path
+    serve: Serve, start: Callable[..., Awaitable[Any]]
 ):
     calls: Counter[str] = Counter()
     urls = [await serve(engine(calls, f"s{i}")) for i in range(3)]
-    app = create_app(Settings(db=f"sqlite:///{tmp_path}/gateway.db", backend=urls))
+    agent = (await start(backend=urls, scripted=False)).client
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as agent:
-            for m in range(12):
-                created = await agent.post("/rollouts", json={"rollout_id": f"r{m}", "group_id": "eval"})
-                assert created.status_code == 201, created.text
-            answers = await asyncio.gather(
-                *(agent.post(f"/rollouts/r{m}/v1/chat/completions", json=body) for m in range(12))
-            )
-            metrics = (await agent.get("/metrics")).text
+    for m in range(12):
+        created = await agent.post("/rollouts", json={"rollout_id": f"r{m}", "group_id": "eval"})
+        assert created.status_code == 201, created.text
+    answers = await asyncio.gather(
+        *(agent.post(f"/rollouts/r{m}/v1/chat/completions", json=body) for m in range(12))
+    )
+    metrics = (await agent.get("/metrics")).text
 
     assert [answer.status_code for answer in answers] == [200] * 12
     assert sorted(calls.values()) == [4, 8]

@@ -4,7 +4,6 @@ and why not; the backends' health is shown by /readyz but never makes a process 
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +13,11 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, text
 
 from gateway import __version__
-from gateway.app import create_app
-from gateway.settings import Settings
-from gateway.store.store import Store
 from rollout_store.database import alembic_config, ensure_schema, head_revision, make_engine
 from testbed.process import refusing_port
 
 import support
-from support.fake_engine import URL, HeldReply, Scripted, chat_stream
+from support.fake_engine import URL, HeldReply, chat_stream
 
 pytestmark = pytest.mark.anyio
 
@@ -182,29 +178,22 @@ async def test_both_probes_are_in_the_openapi_schema_with_their_answers(gw):
     assert "security" not in paths["/readyz"]["get"] and "security" not in paths["/healthz"]["get"]
 
 
-async def test_a_gateway_shutting_down_is_unready_at_once_while_its_streams_finish(tmp_path, empty_store):
-    shutil.copy(empty_store, tmp_path / "gateway.db")
-    db, scripted, release = f"sqlite:///{tmp_path / 'gateway.db'}", Scripted(), asyncio.Event()
-    store = Store(db)
-    app = create_app(Settings(db=db, backend=[URL]), store=store, engine=scripted)
-    lifespan = app.router.lifespan_context(app)
-    await lifespan.__aenter__()
-    scripted.engine.answer("/v1/chat/completions", HeldReply(chat_stream([4], [(10, "a"), (0, "")]), release))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
-        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-        call = asyncio.create_task(client.post("/rollouts/r1/v1/chat/completions", json=body))
-        traffic = app.state.turns.traffic
-        await support.until(lambda: traffic.in_flight == 1, "the stream in flight")
+async def test_a_gateway_shutting_down_is_unready_at_once_while_its_streams_finish(gw):
+    release = asyncio.Event()
+    gw.engine.answer("/v1/chat/completions", HeldReply(chat_stream([4], [(10, "a"), (0, "")]), release))
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    call = asyncio.create_task(gw.client.post("/rollouts/r1/v1/chat/completions", json=body))
+    traffic = gw.app.state.turns.traffic
+    await support.until(lambda: traffic.in_flight == 1, "the stream in flight")
 
-        shutdown = asyncio.create_task(lifespan.__aexit__(None, None, None))
-        await support.until(lambda: ready_status(client, 503), "readyz to say the gateway is shutting down")
-        stopping = await client.get("/readyz")
-        assert stopping.json() == readiness(["shutting down"])
-        assert not shutdown.done()
+    shutdown = asyncio.create_task(gw.stop())
+    await support.until(lambda: ready_status(gw.client, 503), "readyz to say the gateway is shutting down")
+    stopping = await gw.client.get("/readyz")
+    assert stopping.json() == readiness(["shutting down"])
+    assert not shutdown.done()
 
-        release.set()
-        streamed = await call
-        await shutdown
-    store.close()
+    release.set()
+    streamed = await call
+    await shutdown
 
     assert (streamed.status_code, streamed.text.endswith("data: [DONE]\n\n")) == (200, True)

@@ -6,7 +6,6 @@ server's pin, and its first turn."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,24 +14,9 @@ import sqlalchemy as sa
 
 from gateway.store.records import NewRollout, Reward, StoreError, TurnRecord
 from gateway.store.store import Store
-from rollout_store.database import ensure_schema
 from trainer_client import TrainerClient
 
 SERVER = "http://s0"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, databases: Any) -> str:
-    url: str = databases.new(request.param)
-    ensure_schema(url)
-    return url
-
-
-@pytest.fixture
-def store(db: str) -> Iterator[Store]:
-    store = Store(db)
-    yield store
-    store.close()
 
 
 def turn(rollout_id: str) -> TurnRecord:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +14,6 @@ import pytest
 from gateway.replicas.expiry import sweep
 from gateway.store.records import NewRollout, Reward, StoreError, TurnRecord
 from gateway.store.store import Store
-from rollout_store.database import ensure_schema
 from trainer_client import TrainerClient
 
 from support.fleets import fleet_of
@@ -27,18 +24,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest, databases: Any) -> AsyncIterator[Store]:
-    url = databases.new(request.param)
-    ensure_schema(url)
-    store = Store(url)
-    store.url = url  # type: ignore[attr-defined]
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def turn(rollout_id: str, finished_at: float) -> TurnRecord:
@@ -123,14 +108,14 @@ async def test_expired_rollouts_leave_their_servers_load_and_new_rollouts_spread
     assert Counter(server.url for server, _ in placed) == {"http://s0": 2, "http://s1": 2, "http://s2": 2}
 
 
-async def test_a_group_with_an_expired_member_is_served_with_it_as_failed(store):
+async def test_a_group_with_an_expired_member_is_served_with_it_as_failed(db, store):
     for rollout_id in ("a", "b", "crashed"):
         await store.create_rollout(NewRollout(rollout_id, group_id="g", group_size=3))
         await store.writer.insert_turns([turn(rollout_id, time.time())])
     for rollout_id, reward in (("a", 1.0), ("b", 0.0)):
         await store.finish_rollout(rollout_id, "completed", Reward(reward))
 
-    with TrainerClient(store.url) as client:  # type: ignore[attr-defined]
+    with TrainerClient(db) as client:
         waiting = client.claim("trainer-0", 0)
         await store.expire_idle(60.0, now=time.time() + 3600.0)
         served = client.claim("trainer-0", 1)
@@ -143,8 +128,8 @@ async def test_a_group_with_an_expired_member_is_served_with_it_as_failed(store)
     assert served.counts["skipped_failed"] == 1
 
 
-async def test_a_rollout_another_process_expired_refuses_this_process_next_turn(store):
-    other = Store(store.url)  # type: ignore[attr-defined]
+async def test_a_rollout_another_process_expired_refuses_this_process_next_turn(db, store):
+    other = Store(db)  # another gateway process: a store of its own on the same database
     try:
         await store.create_rollout(NewRollout("r"))
         await store.writer.insert_turns([turn("r", time.time())])  # this process knows it running

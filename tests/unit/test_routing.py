@@ -8,7 +8,6 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +20,6 @@ from gateway.fleet.servers import Server
 from gateway.store.pins import MOVES, Loads, Pin
 from gateway.store.records import NewRollout, TurnRecord
 from gateway.store.store import Store
-from rollout_store.database import ensure_schema
 
 from support.fleets import fleet_of
 
@@ -115,18 +113,14 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def placing(request: pytest.FixtureRequest, databases: Any) -> AsyncIterator[tuple[Fleet, Store]]:
+@pytest.fixture
+async def placing(store: Store) -> AsyncIterator[tuple[Fleet, Store]]:
     """A fleet of three servers (never called: placement alone) pinning through a real store."""
-    url = databases.new(request.param)
-    ensure_schema(url)
-    store = Store(url)
     fleet = fleet_of(["http://s0", "http://s1", "http://s2"], pins=store)
     try:
         yield fleet, store
     finally:
         await fleet.close()
-        store.close()
 
 
 @pytest.mark.anyio
