@@ -25,65 +25,10 @@ class Metrics:
         self.registry.register(
             Count("gateway_store_commits", "Store transactions committed (turns share them).", commits)
         )
-        self.requests = Counter(
-            "gateway_requests",
-            "Agent model calls by endpoint and HTTP status.",
-            ["endpoint", "status"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "gateway_request_latency_seconds",
-            "Agent model call latency, end to end.",
-            ["endpoint"],
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
-            registry=self.registry,
-        )
-        self.tokens = Counter(
-            "gateway_tokens",
-            "Tokens recorded, by kind (prompt, completion).",
-            ["kind"],
-            registry=self.registry,
-        )
-        self.errors = Counter(
-            "gateway_errors", "Failed agent model calls by reason.", ["reason"], registry=self.registry
-        )
-        self.in_flight = Gauge(
-            "gateway_calls_in_flight", "Agent model calls in progress.", registry=self.registry
-        )
-        stages = Histogram(
-            "gateway_stage_seconds",
-            "Seconds an agent call spends in each stage: admission (its arrival to its departure: the "
-            "rollout's state, the body read and checked, a pause), queue (waiting for a backend connection, "
-            "or for the prompt a group's first call computes), render (exact mode's prompt, a context "
-            "limit's count), upstream (sent, queue included, to the first token or the whole reply), relay "
-            "(first token to last), commit (the store transaction).",
-            ["stage"],
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 300),
-            registry=self.registry,
-        )
-        self.stage = {name: stages.labels(stage=name) for name in STAGES}
+        self.requests, self.latency, self.tokens, self.errors, self.in_flight = _call_metrics(self.registry)
+        self.stage = _stage_metrics(self.registry)
         """Each stage's histogram, looked up once."""
-        self.relayed = Counter(
-            "gateway_relayed_tokens",
-            "Sampled tokens streamed to agents, counted as they pass.",
-            registry=self.registry,
-        )
-        self.placements = Counter(
-            "gateway_placements",
-            "Rollouts this process pinned to a server, by why it chose that one: group (beside its group's "
-            "members), split (its group's servers held their share of other groups), overflow (a server of "
-            "its group held its group's bound, twice the mean load and at least 8: the next server of its "
-            "group, else the least loaded), load (the least loaded server: the first of its group, or "
-            "--placement load), history (a rollout that moved: the server holding the most of its history).",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.queued = Gauge(
-            "gateway_calls_queued",
-            "Agent calls waiting for a backend connection, or for the prompt their group's first call "
-            "computes.",
-            registry=self.registry,
-        )
+        self.relayed, self.placements, self.queued = _backend_metrics(self.registry)
         self.loop_lag = Histogram(
             "gateway_event_loop_lag_seconds",
             f"How late the event loop ran a timer due every {LAG_INTERVAL:g} s: how long work that is ready "
@@ -123,6 +68,76 @@ class Metrics:
 STAGES = ("admission", "queue", "render", "upstream", "relay", "commit")
 LAG_INTERVAL = 0.25
 """Seconds between two measures of the event loop's lag."""
+
+
+def _call_metrics(registry: CollectorRegistry) -> tuple[Counter, Histogram, Counter, Counter, Gauge]:
+    """What each agent call counts as it ends (`Metrics.call`), and the calls not ended yet."""
+    requests = Counter(
+        "gateway_requests",
+        "Agent model calls by endpoint and HTTP status.",
+        ["endpoint", "status"],
+        registry=registry,
+    )
+    latency = Histogram(
+        "gateway_request_latency_seconds",
+        "Agent model call latency, end to end.",
+        ["endpoint"],
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        registry=registry,
+    )
+    tokens = Counter(
+        "gateway_tokens",
+        "Tokens recorded, by kind (prompt, completion).",
+        ["kind"],
+        registry=registry,
+    )
+    errors = Counter("gateway_errors", "Failed agent model calls by reason.", ["reason"], registry=registry)
+    in_flight = Gauge("gateway_calls_in_flight", "Agent model calls in progress.", registry=registry)
+    return requests, latency, tokens, errors, in_flight
+
+
+def _stage_metrics(registry: CollectorRegistry) -> dict[str, Histogram]:
+    """Where an agent call's time goes: each stage one child of one histogram, so that a call's stages are
+    compared and summed across one family."""
+    stages = Histogram(
+        "gateway_stage_seconds",
+        "Seconds an agent call spends in each stage: admission (its arrival to its departure: the "
+        "rollout's state, the body read and checked, a pause), queue (waiting for a backend connection, "
+        "or for the prompt a group's first call computes), render (exact mode's prompt, a context "
+        "limit's count), upstream (sent, queue included, to the first token or the whole reply), relay "
+        "(first token to last), commit (the store transaction).",
+        ["stage"],
+        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 300),
+        registry=registry,
+    )
+    return {name: stages.labels(stage=name) for name in STAGES}
+
+
+def _backend_metrics(registry: CollectorRegistry) -> tuple[Counter, Counter, Gauge]:
+    """What passes between the agents and the vLLM servers: the tokens relayed, where rollouts are pinned
+    and the calls waiting for a server."""
+    relayed = Counter(
+        "gateway_relayed_tokens",
+        "Sampled tokens streamed to agents, counted as they pass.",
+        registry=registry,
+    )
+    placements = Counter(
+        "gateway_placements",
+        "Rollouts this process pinned to a server, by why it chose that one: group (beside its group's "
+        "members), split (its group's servers held their share of other groups), overflow (a server of "
+        "its group held its group's bound, twice the mean load and at least 8: the next server of its "
+        "group, else the least loaded), load (the least loaded server: the first of its group, or "
+        "--placement load), history (a rollout that moved: the server holding the most of its history).",
+        ["reason"],
+        registry=registry,
+    )
+    queued = Gauge(
+        "gateway_calls_queued",
+        "Agent calls waiting for a backend connection, or for the prompt their group's first call computes.",
+        registry=registry,
+    )
+    return relayed, placements, queued
+
 
 Samples = dict[str, tuple[str, str, list[tuple[str, dict[str, str], float]]]]
 """A registry's metric families by name: (type, help, samples as (sample name, labels, value))."""

@@ -49,6 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    store = _store_options()
+    for add in (_add_stats, _add_export, _add_score, _add_eval, _add_tail):
+        command = add(commands, store)
+        command.set_defaults(prog=command.prog)
+    return parser
+
+
+def _store_options() -> _Parser:
+    """Every command reads the same store, named the same way: the arguments each inherits."""
     store = _Parser(add_help=False)
     store.add_argument(
         "--db",
@@ -62,12 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the gateway's configuration file (gateway serve --config), whose db key names the store "
         "[env GATEWAY_CONFIG]",
     )
+    return store
 
+
+def _add_stats(commands: argparse._SubParsersAction[_Parser], store: _Parser) -> _Parser:
     stats = commands.add_parser(
         "stats", parents=[store], help="rollouts, groups, turns, tokens, rewards, drift, errors, claims"
     )
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    return stats
 
+
+def _add_export(commands: argparse._SubParsersAction[_Parser], store: _Parser) -> _Parser:
     export = commands.add_parser(
         "export", parents=[store], help="write step-wise samples of ready groups (claims nothing)"
     )
@@ -86,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         "export this GRPO group only (once it is ready)",
         "export the ready groups whose rollouts were all created at or after TIME",
     )
+    _add_sample_options(export)
+    return export
+
+
+def _add_sample_options(export: _Parser) -> None:
+    """What the samples written hold and which groups give them: the export's `SampleOptions`."""
     export.add_argument(
         "--include-errors", action="store_true", help="keep rollouts with failed turns, masked"
     )
@@ -114,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a group's finished rollouts after this many seconds",
     )
 
+
+def _add_score(commands: argparse._SubParsersAction[_Parser], store: _Parser) -> _Parser:
     score = commands.add_parser(
         "score",
         parents=[store],
@@ -132,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the teacher's served model name; scores are stored under it",
     )
     _add_choice(score, "score this GRPO group's rollouts only", "score rollouts created at or after TIME")
+    _add_teacher_calls(score)
+    return score
+
+
+def _add_teacher_calls(score: _Parser) -> None:
+    """How the scoring talks to the servers: the tokenizers' check, the teacher's key and its load."""
     score.add_argument(
         "--policy",
         metavar="URL",
@@ -153,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", type=_at_least_one, default=4, help="requests in flight (default: %(default)s)"
     )
 
+
+def _add_eval(commands: argparse._SubParsersAction[_Parser], store: _Parser) -> _Parser:
     evaluate = commands.add_parser(
         "eval", parents=[store], help="mean reward and pass@k of the rollouts tagged eval, per policy version"
     )
@@ -171,15 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="a rollout passes when its reward reaches this (default: %(default)s)",
     )
     evaluate.add_argument("--output", "-o", help="also save the report as JSON to this file")
+    return evaluate
 
+
+def _add_tail(commands: argparse._SubParsersAction[_Parser], store: _Parser) -> _Parser:
     tail = commands.add_parser("tail", parents=[store], help="follow groups as they finish")
     tail.add_argument(
         "--interval", type=float, default=2.0, help="seconds between polls (default: %(default)s)"
     )
     tail.add_argument("--lines", type=int, default=10, help="already finished groups to show first")
-    for command in (stats, export, score, evaluate, tail):
-        command.set_defaults(prog=command.prog)
-    return parser
+    return tail
 
 
 def _add_choice(parser: argparse.ArgumentParser, group_help: str, since_help: str) -> None:

@@ -12,7 +12,7 @@ from gateway.store.records import Limits, RolloutState
 from gateway.store.turn_rows import SHOWN
 from rollout_store import schema
 from rollout_store.database import DriverStatement
-from rollout_store.delta import rebuild
+from rollout_store.delta import FullTurn, rebuild
 from rollout_store.status import TurnStatus
 from rollout_store.tokens import unpack_ids, unpack_logprobs
 
@@ -112,39 +112,61 @@ def rollout_row(conn: Connection, rollout_id: str) -> dict[str, Any] | None:
 def get_rollout(
     conn: Connection, rollout_id: str, *, include_tokens: bool = False, include_messages: bool = False
 ) -> dict[str, Any] | None:
-    t, w = schema.turns, schema.rewards
     row = rollout_row(conn, rollout_id)
     if row is None:
         return None
-    turn_rows = (
+    turn_rows = _turn_rows(conn, rollout_id)
+    rewards = _rewards(conn, rollout_id)
+    full = rebuild(turn_rows) if include_tokens or include_messages else {}
+    turns = [_shown_turn(turn, full, tokens=include_tokens, messages=include_messages) for turn in turn_rows]
+    return _shown_rollout(row, rewards, turns)
+
+
+def _turn_rows(conn: Connection, rollout_id: str) -> Sequence[RowMapping]:
+    """Every column of the rollout's turns, in order: the shown ones, and what `delta.rebuild` takes."""
+    t = schema.turns
+    return (
         conn.execute(select(t).where(t.c.rollout_id == rollout_id).order_by(t.c.turn_index)).mappings().all()
     )
-    reward_rows = (
-        conn.execute(
-            select(w.c.turn_index, w.c.value, w.c.components, w.c.created_at)
-            .where(w.c.rollout_id == rollout_id)
-            .order_by(w.c.reward_id)
-        )
-        .mappings()
-        .all()
-    )
-    full = rebuild(turn_rows) if include_tokens or include_messages else {}
-    turns = []
-    for turn in turn_rows:
-        item: dict[str, Any] = {"index": turn["turn_index"]}
-        item.update({name: turn[name] for name in SHOWN})
-        item["latency_s"] = turn["finished_at"] - turn["started_at"]
-        if include_tokens:
-            item["prompt_token_ids"] = full[turn["turn_index"]].prompt_ids.tolist()
-            item["completion_token_ids"] = unpack_ids(turn["completion_ids"]).tolist()
-            item["completion_logprobs"] = unpack_logprobs(turn["completion_logprobs"]).tolist()
-        if include_messages:
-            item["messages"] = full[turn["turn_index"]].messages
-            item["prompt_text"] = turn["prompt_text"]
-            item["tools"] = turn["tools"]
-            item["params"] = turn["params"]
-            item["request"] = turn["request"]
-        turns.append(item)
+
+
+def _rewards(conn: Connection, rollout_id: str) -> list[dict[str, Any]]:
+    """Every reward posted for the rollout, in the order it was posted: a turn's and the rollout's alike."""
+    w = schema.rewards
+    rows = conn.execute(
+        select(w.c.turn_index, w.c.value, w.c.components, w.c.created_at)
+        .where(w.c.rollout_id == rollout_id)
+        .order_by(w.c.reward_id)
+    ).mappings()
+    return [
+        {name: reward[name] for name in ("turn_index", "value", "components", "created_at")}
+        for reward in rows
+    ]
+
+
+def _shown_turn(
+    turn: RowMapping, full: dict[int, FullTurn], *, tokens: bool, messages: bool
+) -> dict[str, Any]:
+    """A turn as the API shows it; its ids and its messages, the heavy part, only when asked for."""
+    item: dict[str, Any] = {"index": turn["turn_index"]}
+    item.update({name: turn[name] for name in SHOWN})
+    item["latency_s"] = turn["finished_at"] - turn["started_at"]
+    if tokens:
+        item["prompt_token_ids"] = full[turn["turn_index"]].prompt_ids.tolist()
+        item["completion_token_ids"] = unpack_ids(turn["completion_ids"]).tolist()
+        item["completion_logprobs"] = unpack_logprobs(turn["completion_logprobs"]).tolist()
+    if messages:
+        item["messages"] = full[turn["turn_index"]].messages
+        item["prompt_text"] = turn["prompt_text"]
+        item["tools"] = turn["tools"]
+        item["params"] = turn["params"]
+        item["request"] = turn["request"]
+    return item
+
+
+def _shown_rollout(
+    row: dict[str, Any], rewards: list[dict[str, Any]], turns: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "rollout_id": row["rollout_id"],
         "group_id": row["group_id"],
@@ -154,10 +176,7 @@ def get_rollout(
         "status": row["status"],
         "reward": row["reward"],
         "reward_components": row["reward_components"],
-        "rewards": [
-            {name: reward[name] for name in ("turn_index", "value", "components", "created_at")}
-            for reward in reward_rows
-        ],
+        "rewards": rewards,
         "created_at": row["created_at"],
         "finished_at": row["finished_at"],
         "claimed_by": row["claimed_by"],
