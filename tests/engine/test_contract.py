@@ -44,6 +44,9 @@ MAX_EXAMPLES = 25
 """Per operation: bounded, so that the run costs about a minute of engine time."""
 LINKED_SCENARIOS = 12
 """Scenarios of the linked run (a rollout created, then calls on it): a few seconds of engine time."""
+GROUPED_SCENARIOS = 8
+"""Scenarios of the grouped run, 12 steps each: every one creates groups of declared sizes and plays, finishes
+and claims their members in a new order (about 2 s a scenario)."""
 AGENT_ROUTE = re.compile(r"^/rollouts/\{rollout_id\}/(v1/|tokenize$|detokenize$)")
 LINKED_ROUTE = re.compile(r"^/rollouts/\{rollout_id\}/(v1/|tokenize$|detokenize$|finish$)")
 
@@ -378,7 +381,7 @@ def test_linked_runs_with_group_sizes_and_claims_never_grow_a_group_past_its_siz
         run_state_machine_as_test(
             grouped(Linked, trainer),
             settings=settings(
-                max_examples=15,
+                max_examples=GROUPED_SCENARIOS,
                 stateful_step_count=12,
                 phases=[Phase.generate],
                 derandomize=True,

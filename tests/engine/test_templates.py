@@ -42,6 +42,11 @@ SCRIPT = [
     (ANSWER, None),
 ]
 RESULT = "a.txt b.txt"
+STEPS_CHANGE_THE_CALL = {"deepseek_v3"}
+"""Families whose vLLM stream parser makes another call of the same tokens when they come several to a step
+(vLLM's reader lags behind its engine on a busy machine, and a step then holds several tokens): deepseek_v3's
+loses or cuts the call (7 of 40 random splits of one call's tokens into steps). Their streamed replies are
+held to what the parser makes of the steps they came in, not to the call the tokens spell."""
 
 
 @pytest.fixture(scope="module", params=TEMPLATE_FAMILIES)
@@ -127,8 +132,10 @@ def _whole(agent: openai.OpenAI, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _echo(reply: dict[str, Any]) -> dict[str, Any]:
-    """The assistant message a harness sends back."""
-    message = {"role": "assistant", "content": reply["content"], "tool_calls": reply["tool_calls"] or None}
+    """The assistant message a harness sends back: empty text for a reply that came with neither text nor a
+    call (a stream whose call vLLM's parser lost, `STEPS_CHANGE_THE_CALL`)."""
+    content = reply["content"] if reply["content"] is not None or reply["tool_calls"] else ""
+    message = {"role": "assistant", "content": content, "tool_calls": reply["tool_calls"] or None}
     if reply["reasoning"]:
         message["reasoning"] = reply["reasoning"]
     return message
@@ -254,16 +261,20 @@ def test_replies_are_what_vllms_parser_makes_of_the_sampled_tokens(
 ):
     family, server = family_engine
     replies, sent, turns = conversations(mode, stream)
+    spelled = not (
+        stream and family.name in STEPS_CHANGE_THE_CALL
+    )  # the call the tokens spell is the reply's
 
-    assert [r["finish_reason"] for r in replies] == [
-        "tool_calls" if kind == TOOL else "stop" for kind, _ in SCRIPT
-    ]
+    if spelled:
+        assert [r["finish_reason"] for r in replies] == [
+            "tool_calls" if kind == TOOL else "stop" for kind, _ in SCRIPT
+        ]
     for (kind, _), reply, turn, messages in zip(SCRIPT, replies, turns, sent, strict=True):
         regex = family.tool_call if kind == TOOL else family.answer
         if stream:  # the ids the agent was sent, step by step, are the ones stored
             assert [t for ids, _ in reply["steps"] for t in ids] == turn["completion_token_ids"]
         assert seen(reply) == derendered(server, turn, messages, regex, reply)
-        if kind == TOOL:
+        if kind == TOOL and spelled:
             (call,) = reply["tool_calls"]
             arguments = call["function"]["arguments"]
             if stream and family.name == "mistral":  # its parser on a step of several tokens: see coalesced
