@@ -5,18 +5,19 @@ bench/gateway_overhead.py measures them) on a store already holding 0, 100k and 
 
 The store is filled as the gateway fills it: its first turns are the gateway's own (rollouts of 20 calls
 against bench/fake_vllm.py, 3.2k prompt ids a turn), finished, then copied under new rollout ids, doubling
-until the store holds the size asked for (1M turns: about 13 GB of ids). Then a gateway starts on it and is
-measured: its new rollouts land beside the million stored ones, in the same tables and indexes.
+until the store holds the size asked for. Then a gateway starts on each store in turn, `--rounds` times, and
+is measured: its new rollouts land beside the stored ones, in the same tables and indexes. Each size's
+medians are printed with their ratio to the first size's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import fake_vllm
@@ -82,12 +83,26 @@ def _count(engine: sa.Engine, table: str) -> int:
         return int(conn.execute(sa.text(f"SELECT COUNT(*) FROM {table}")).scalar_one())
 
 
+def filled(store: str, size: int, backend: list[str], work: Path, schema: str) -> str:
+    """A store of `store`'s kind holding `size` turns."""
+    db_url = f"sqlite:///{work / f'growth-{size}.db'}" if store == "sqlite" else schema
+    ensure_schema(db_url)
+    if size:
+        started = time.perf_counter()
+        with GatewayProcess(backend, db_url, log_path=work / "seed.log") as gw:
+            asyncio.run(record(gw.port, min(size, SEED_TURNS)))
+        double(db_url, size)
+        print(f"  {store}: {size:,} turns stored in {time.perf_counter() - started:.0f} s", flush=True)
+    return db_url
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", default="0,100000,1000000", help="stored turns before each measure")
     parser.add_argument("--stores", default="sqlite,postgresql", help="the stores measured")
+    parser.add_argument("--rounds", type=int, default=3, help="runs at each size, the sizes in turn")
     parser.add_argument("--requests", type=int, default=1000, help="sequential requests for the latency run")
     parser.add_argument("--connections", type=int, default=32, help="concurrent connections for throughput")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
@@ -97,39 +112,47 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gateway-growth-"))
     upstream, upstream_port = fake_vllm.start(work)
     backend = [f"http://127.0.0.1:{upstream_port}"]
-    print(
-        f"{'store':<12} {'turns':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} "
-        f"{'p50 vs 0':>9} {'req/s vs 0':>10}"
-    )
     try:
         with postgres_schemas(len(sizes)) as schemas:
             for store in args.stores.split(","):
-                first: tuple[float, float, float] | None = None
-                for index, size in enumerate(sizes):
-                    if store == "sqlite":
-                        db_url = f"sqlite:///{work / f'growth-{uuid.uuid4().hex[:8]}.db'}"
-                    else:
-                        db_url = schemas[index]
-                    ensure_schema(db_url)
-                    if size:
-                        started = time.perf_counter()
-                        with GatewayProcess(backend, db_url, log_path=work / "seed.log") as gw:
-                            asyncio.run(record(gw.port, min(size, SEED_TURNS)))
-                        double(db_url, size)
-                        print(f"  filled in {time.perf_counter() - started:.0f} s", flush=True)
-                    with GatewayProcess(backend, db_url, log_path=work / "gateway.log") as gw:
-                        row = measure(gw.port, "gateway", args)
-                    first = first or row
-                    print(
-                        f"{store:<12} {size:>10,} {row[0]:>8.2f} {row[1]:>8.2f} {row[2]:>8.0f} "
-                        f"{row[0] / first[0]:>8.1%} {row[2] / first[2]:>10.1%}",
-                        flush=True,
-                    )
+                urls = [
+                    filled(store, size, backend, work, schema)
+                    for size, schema in zip(sizes, schemas, strict=True)
+                ]
+                runs: dict[int, list[tuple[float, float, float]]] = {size: [] for size in sizes}
+                for round_ in range(args.rounds):
+                    for size, db_url in zip(sizes, urls, strict=True):
+                        with GatewayProcess(backend, db_url, log_path=work / "gateway.log") as gw:
+                            runs[size].append(measure(gw.port, "gateway", args))
+                        p50, _, rate = runs[size][-1]
+                        print(
+                            f"  {store} {size:>10,} run {round_ + 1}: p50 {p50:.2f} ms, {rate:.0f} req/s",
+                            flush=True,
+                        )
+                report(store, runs)
+                for db_url in urls:
                     if store == "sqlite":
                         Path(db_url.removeprefix("sqlite:///")).unlink()
     finally:
         upstream.stop()
     return 0
+
+
+def report(store: str, runs: dict[int, list[tuple[float, float, float]]]) -> None:
+    """Each size's medians, and their ratio to the first size's."""
+    print(
+        f"{'store':<12} {'turns':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} "
+        f"{'p50 vs first':>13} {'req/s vs first':>15}"
+    )
+    first = None
+    for size, rows in runs.items():
+        p50, p99, rate = (statistics.median(column) for column in zip(*rows, strict=True))
+        first = first or (p50, rate)
+        print(
+            f"{store:<12} {size:>10,} {p50:>8.2f} {p99:>8.2f} {rate:>8.0f} {p50 / first[0]:>12.1%} "
+            f"{rate / first[1]:>14.1%}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
