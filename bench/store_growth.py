@@ -6,9 +6,9 @@ bench/gateway_overhead.py measures them) on a store already holding 0, 100k and 
 The store is filled as the gateway fills it: its first turns are the gateway's own (rollouts of 20 calls
 against bench/fake_vllm.py, 3.2k prompt ids a turn), then copied under new rollout ids, doubling until the
 store holds the size asked for, and finished (on PostgreSQL the copies load as a restore does, without the
-per-row checks, and the tables are vacuumed and analysed after). Then a gateway starts on each store in turn, `--rounds` times, and
-is measured: its new rollouts land beside the stored ones, in the same tables and indexes. Each size's
-medians are printed with their ratio to the first size's.
+per-row checks, and the tables are vacuumed and analysed after). Then a gateway starts on each store in turn,
+`--rounds` times, and is measured: its new rollouts land beside the stored ones, in the same tables and
+indexes. Each size's medians are printed with their ratio to the first size's.
 """
 
 from __future__ import annotations
