@@ -261,9 +261,7 @@ def test_replies_are_what_vllms_parser_makes_of_the_sampled_tokens(
 ):
     family, server = family_engine
     replies, sent, turns = conversations(mode, stream)
-    spelled = not (
-        stream and family.name in STEPS_CHANGE_THE_CALL
-    )  # the call the tokens spell is the reply's
+    spelled = not (stream and family.name in STEPS_CHANGE_THE_CALL)  # the reply is the call the tokens spell
 
     if spelled:
         assert [r["finish_reason"] for r in replies] == [
