@@ -28,8 +28,10 @@ from support import TIMEOUT, async_agent, run_rollout, until
 STEPS = 10
 MAX_STALENESS = 1
 TOKENS = 100
-"""Per call in the pause test: none ends before the pause, which lands a moment after half the calls have
-their first token (100 engine steps of 200 sequences later, seconds on a loaded machine too)."""
+"""Per call of the 200 in the pause test."""
+FROZEN, FROZEN_TOKENS = "frozen", 1500
+"""The pause test's call that vLLM's freeze finds mid-reply in any case: it has its first tokens before the
+200 calls are sent, and 1,400 and more to go when the freeze lands, a few engine steps after the 200 start."""
 
 
 def query(db_url: str, sql: str) -> list[Any]:
@@ -329,22 +331,22 @@ def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gate
     db_url = databases.new("sqlite")
     gateway = start_gateway(db_url, backends=[policy_vllm.url], process=True)
     calls = 200
-    generating: set[int] = set()
+    generating: set[str] = set()
     """The calls whose first chunk has come: vLLM sends it with the first sampled token."""
 
-    async def call(index: int) -> str | None:
-        agent = async_agent(gateway.agent_url(f"r{index}"))
+    async def call(rollout: str, tokens: int) -> str | None:
+        agent = async_agent(gateway.agent_url(rollout))
         async with agent:
             stream = await agent.chat.completions.create(
                 model="tiny",
-                messages=[{"role": "user", "content": f"Count to {index}."}],
+                messages=[{"role": "user", "content": f"Count to {rollout}."}],
                 stream=True,
-                max_tokens=TOKENS,
-                extra_body={"min_tokens": TOKENS},
+                max_tokens=tokens,
+                extra_body={"min_tokens": tokens},
             )
             finish = None
             async for chunk in stream:
-                generating.add(index)
+                generating.add(rollout)
                 if chunk.choices and chunk.choices[0].finish_reason:
                     finish = chunk.choices[0].finish_reason
             return finish
@@ -352,47 +354,66 @@ def test_pause_with_200_turns_in_flight_loses_none(mode, policy_vllm, start_gate
     async def in_flight(count: int) -> bool:
         return bool((await asyncio.to_thread(admin, gateway, "/state")).json()["in_flight"] >= count)
 
-    async def pause_mid_flight() -> list[str | None]:
+    def vllm(path: str, **params: str) -> None:
+        httpx.post(f"{policy_vllm.url}{path}", params=params, timeout=TIMEOUT).raise_for_status()
+
+    async def pause_mid_flight() -> tuple[list[str | None], str | None]:
+        frozen = None
+        if mode != "wait":
+            # The call the keep or abort pause always finds mid-reply: vLLM froze it with tokens sampled and
+            # many more to go, before the 200 calls were sent.
+            frozen = asyncio.ensure_future(call(FROZEN, FROZEN_TOKENS))
+            await until(lambda: FROZEN in generating, "the frozen call's first token")
         # vLLM holds the calls (a pause in keep mode queues what reaches it) and lets them go together:
         # released one by one, the first could finish before the last arrived.
-        httpx.post(f"{policy_vllm.url}/pause", params={"mode": "keep"}, timeout=TIMEOUT).raise_for_status()
-        replies = asyncio.gather(*(call(i) for i in range(calls)))
-        await until(lambda: in_flight(calls), "every call in flight")
-        httpx.post(f"{policy_vllm.url}/resume", timeout=TIMEOUT).raise_for_status()
-        await until(lambda: len(generating) >= calls // 2, "vLLM generating for the calls together")
-        # Then vLLM freezes them mid-generation, so that the gateway's keep or abort pause finds them there
-        # however slow the machine (the gateway's resume resumes vLLM).
-        if mode != "wait":
-            freeze = {"mode": "keep"}
-            httpx.post(f"{policy_vllm.url}/pause", params=freeze, timeout=TIMEOUT).raise_for_status()
+        vllm("/pause", mode="keep")
+        replies = asyncio.gather(*(call(f"r{i}", TOKENS) for i in range(calls)))
+        await until(lambda: in_flight(calls + (frozen is not None)), "every call in flight")
+        vllm("/resume")
+        if mode == "wait":
+            await until(lambda: len(generating) >= calls // 2, "vLLM generating for the calls together")
+        else:
+            # Then vLLM freezes them mid-generation, so that the gateway's keep or abort pause finds them
+            # there however slow the machine (the gateway's resume resumes vLLM).
+            await until(lambda: len(generating) > 1, "vLLM generating for the calls")
+            vllm("/pause", mode="keep")
         paused = await asyncio.to_thread(admin, gateway, "/pause", json={"mode": mode})
         assert paused.status_code == 200, paused.text
         await asyncio.to_thread(admin, gateway, "/policy_version", json={"version": "1"})
         await asyncio.to_thread(admin, gateway, "/resume")
-        return await replies
+        return await replies, await frozen if frozen else None
 
-    finishes = asyncio.run(pause_mid_flight())
+    finishes, frozen_finish = asyncio.run(pause_mid_flight())
 
-    turns = query(
-        db_url,
-        "SELECT status, finish_reason, policy_version, policy_version_end, completion_tokens FROM turns",
-    )
-    assert len(turns) == calls and {status for status, *_ in turns} == {"ok"}
-    assert sorted((finish for _, finish, *_ in turns), key=str) == sorted(
+    turns = {
+        rollout: rest
+        for rollout, *rest in query(
+            db_url,
+            "SELECT rollout_id, status, finish_reason, policy_version, policy_version_end, completion_tokens "
+            "FROM turns",
+        )
+    }
+    frozen = turns.pop(FROZEN, None)
+    assert len(turns) == calls and {status for status, *_ in turns.values()} == {"ok"}
+    assert sorted((finish for _, finish, *_ in turns.values()), key=str) == sorted(
         finishes, key=str
     )  # as the agents saw
     # Dispatched at version 0. "wait" ended them all before the update. "keep" froze those vLLM was generating
     # when its pause landed (between engine steps): they finished at version 1. "abort" ended those (an abort
     # before the first token ends the stream without a finish reason, as vLLM sends it); calls still on their
     # way into vLLM's scheduler were queued there and ran after the update.
-    versions = {(start, end) for _, _, start, end, _ in turns}
+    versions = {(start, end) for _, _, start, end, _ in turns.values()}
     if mode == "wait":
-        assert versions == {("0", "0")}
+        assert versions == {("0", "0")} and frozen is None
     else:
-        assert ("0", "1" if mode == "keep" else "0") in versions and versions <= {("0", "0"), ("0", "1")}
+        assert versions <= {("0", "0"), ("0", "1")}
+        assert frozen is not None and frozen[0] == "ok" and frozen[1] == frozen_finish
+    if mode == "keep":
+        assert frozen == ["ok", "length", "0", "1", FROZEN_TOKENS]
     if mode == "abort":
-        assert set(finishes) <= {"abort", "length", None} and "abort" in finishes
+        assert frozen is not None and frozen[1:4] == ["abort", "0", "0"] and frozen[4] < FROZEN_TOKENS
+        assert set(finishes) <= {"abort", "length", None}
     else:
         assert finishes == ["length"] * calls
-        assert {tokens for *_, tokens in turns} == {TOKENS}
+        assert {tokens for *_, tokens in turns.values()} == {TOKENS}
     assert admin(gateway, "/state").json()["paused"] is False
