@@ -24,6 +24,7 @@ from types import TracebackType
 from testbed.families import CHATML, FAMILIES, Family
 from testbed.process import ManagedProcess, free_port, start_until_ready
 from testbed.tiny_model import CONTEXT, build_tiny_model
+from testbed.vllm_plugin import NAME as PLUGIN
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class VLLMServer:
         max_model_len: int = CONTEXT,
         kv_events: bool = False,
         lora: LoRA | None = None,
+        plugin: Path | None = None,
     ) -> None:
         self.model_dir = Path(model_dir).resolve()
         self.log_path = log_path
@@ -118,6 +120,9 @@ class VLLMServer:
         """vLLM's --max-model-len: at most the model's positions (`build_tiny_model(..., context=...)`)."""
         self.lora = lora
         """The adapters it can serve, if any (`testbed.adapters` builds some of the tiny model)."""
+        self.plugin = plugin
+        """Where the project's vLLM plugin is installed (`testbed.vllm_plugin.install_plugin`), if it loads
+        it: its replies then carry each choice's weight versions."""
         self._events_port = free_port(host) if kv_events else None
         self._process: ManagedProcess | None = None
 
@@ -169,7 +174,12 @@ class VLLMServer:
 
     def env(self) -> dict[str, str]:
         """The variables the server runs with, beside the caller's own."""
-        return {**ENGINE_ENV, **(LORA_ENV if self.lora else {})}
+        env = {**ENGINE_ENV, **(LORA_ENV if self.lora else {})}
+        if self.plugin is not None:
+            path = os.environ.get("PYTHONPATH")
+            env["PYTHONPATH"] = os.pathsep.join([str(self.plugin), *([path] if path else [])])
+            env["VLLM_PLUGINS"] = PLUGIN
+        return env
 
     def _kv_events_config(self) -> str:
         endpoint = f"tcp://*:{self._events_port}"

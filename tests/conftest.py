@@ -31,6 +31,7 @@ from gateway.settings import Settings
 from rollout_store.database import make_engine
 from testbed.launcher import GatewayProcess
 from testbed.process import refusing_port
+from testbed.vllm_plugin import install_plugin
 from testbed.vllm_server import VLLMServer
 
 from support import TIMEOUT, VLLM_KEY
@@ -150,6 +151,12 @@ def engines(work_dir: Path, request: pytest.FixtureRequest) -> Iterator[SessionE
     yield engines
     del request.session.stash[ENGINES]
     engines.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_plugin(work_dir: Path) -> Path:
+    """Where the project's vLLM plugin is installed from its wheel (the trainable vLLM loads it)."""
+    return install_plugin(work_dir / "vllm-plugin")
 
 
 @pytest.fixture(scope="session")

