@@ -169,9 +169,10 @@ class TurnView(BaseModel):
     KV caches through it (its tokens after the update attend to keys and values of the previous weights), or
     computed them again; null for a turn that spanned none."""
     weight_versions: list[dict[str, Any]] | None
-    """vLLM's spans of output tokens per weight version, kept by exact turns that went through its
-    token-in/token-out endpoints (stores of earlier gateways); null for turns through its chat endpoint,
-    which does not report them: `policy_version` and `policy_version_end` bound every turn."""
+    """The weight version of each completion token, as vLLM reports them: spans `{"version", "start", "end"}`
+    over the completion's tokens (`end` excluded), in order; two for a turn that spanned a weight update in
+    keep mode. Null from a server without the project's vLLM plugin (`vllm-plugin/`), which does not report
+    them: `policy_version` and `policy_version_end` bound such a turn's tokens."""
     content: str | None
     reasoning: str | None
     tool_calls: list[dict[str, Any]] | None

@@ -56,6 +56,9 @@ class TurnRecord:
     """The LoRA adapter version that sampled it (its name on the servers); None: the model's own weights."""
     cache_kept: bool | None = None
     """For a turn that spanned a weight update: whether the servers kept their caches through it."""
+    weight_versions: list[dict[str, Any]] | None = None
+    """The weight version of each completion token, as spans `{"version", "start", "end"}` over them, from a
+    server with the project's vLLM plugin; None from one without."""
     plain_prompt_ids: np.ndarray | None = None
     """Exact mode: the plain render of the messages, against which drift is measured."""
     prompt_completions: tuple[tuple[int, int], ...] | None = None

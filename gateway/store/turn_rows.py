@@ -28,8 +28,8 @@ PLACED = (
 )
 """What the store computes: the turn's index and place in its lineage (its messages and prompt ids stored as
 what its parent's lack), the packed ids and their counts."""
-UNWRITTEN = ("turn_id", "weight_versions")
-"""The database's key, and vLLM's weight-version spans that stores of earlier gateways kept."""
+UNWRITTEN = ("turn_id",)
+"""The database's key."""
 COPIED = tuple(c.name for c in turns.c if c.name not in PLACED + UNWRITTEN)
 """The columns a `TurnRecord` field of the same name fills as it is."""
 HIDDEN = (

@@ -4,6 +4,8 @@ reply (whole or streamed) into `TurnRecord`s, and their removal from what the ag
 vLLM returns the prompt ids it rendered and every sampled id (EOS and tool-call markup included) when asked
 with `return_token_ids`, and the sampled tokens' logprobs with `logprobs`. The gateway always asks; the agent
 sees them only if it asked itself. A call with `n > 1` gives one record per choice (same prompt, its own ids).
+A server with the project's vLLM plugin (`vllm-plugin/`) adds each choice's weight-version spans when the
+choice ends; the gateway keeps them and the agent never sees them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ _PROMPT_IDS_KEY = b'"prompt_token_ids":'
 _PROMPT_IDS = _PROMPT_IDS_KEY + b"["
 _DIGITS_AND_COMMAS = b"0123456789,"
 _MAX_ID = np.iinfo(ID_DTYPE).max
+SPANS = "weight_versions"
+"""The plugin's field on a choice: `[{"version", "start", "end"}]` over its output tokens."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,14 @@ class Choice:
     reasoning: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
+    weight_versions: list[dict[str, Any]] | None = None
+
+    def take_spans(self, choice: dict[str, Any]) -> None:
+        """The plugin's spans, taken off the choice (the agent gets vLLM's reply as it is without the plugin)
+        and kept if they are what the plugin sends: spans of the output tokens, in order, without a gap."""
+        spans = choice.pop(SPANS, None)
+        if spans is not None:
+            self.weight_versions = spans if _contiguous(spans) else None
 
     def merge_tool_call(self, call: dict[str, Any]) -> None:
         """Whole tool calls arrive at once; streamed ones as pieces keyed by `index`."""
@@ -192,7 +204,28 @@ class TurnCapture:
         record.reasoning = "".join(choice.reasoning) if choice.reasoning else None
         record.tool_calls = [choice.tool_calls[i] for i in sorted(choice.tool_calls)] or None
         record.finish_reason = choice.finish_reason
+        spans = choice.weight_versions
+        # Spans of other tokens than those kept (ids that could not be kept) say nothing of them.
+        ends = spans[-1]["end"] if spans else 0
+        record.weight_versions = spans if ends == record.completion_ids.shape[0] else None
         return record
+
+
+def _contiguous(spans: object) -> bool:
+    """Spans `[{"version": str, "start": int, "end": int}]` that follow each other from token 0 on."""
+    if not isinstance(spans, list):
+        return False
+    at = 0
+    for span in spans:
+        if not isinstance(span, dict) or span.keys() != {"version", "start", "end"}:
+            return False
+        version, start, end = span["version"], span["start"], span["end"]
+        if not isinstance(version, str) or type(start) is not int or type(end) is not int:
+            return False
+        if start != at or end <= start:
+            return False
+        at = end
+    return True
 
 
 def packed(ids: list[int] | np.ndarray) -> np.ndarray:
@@ -324,6 +357,7 @@ class ChatCapture(TurnCapture):
             finish = choice.get("finish_reason")
             if finish:
                 into.finish_reason = finish
+                into.take_spans(choice)
             if not asked.token_ids:
                 if ids is not None:
                     choice["token_ids"] = None
@@ -343,6 +377,7 @@ class ChatCapture(TurnCapture):
         _take_message(into, choice.get("message") or choice.get("delta") or {})
         if choice.get("finish_reason"):
             into.finish_reason = choice["finish_reason"]
+        into.take_spans(choice)
 
 
 def _take_message(into: Choice, message: dict[str, Any]) -> None:
@@ -399,3 +434,4 @@ class CompletionCapture(TurnCapture):
             into.content.append(choice["text"])
         if choice.get("finish_reason"):
             into.finish_reason = choice["finish_reason"]
+        into.take_spans(choice)

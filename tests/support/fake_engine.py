@@ -185,8 +185,10 @@ def chat_completion(
     *,
     finish_reason: str = "stop",
     tool_calls: list[dict[str, Any]] | None = None,
+    spans: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A whole chat completion as vLLM answers a request with `return_token_ids` and `logprobs`."""
+    """A whole chat completion as vLLM answers a request with `return_token_ids` and `logprobs` (with the
+    project's vLLM plugin, each choice carries its weight-version `spans`)."""
     logprobs = [{"token": f"t{t}", "logprob": -0.5 * (i + 1), "bytes": None} for i, t in enumerate(token_ids)]
     return {
         "id": "chatcmpl-fake",
@@ -201,6 +203,7 @@ def chat_completion(
                 "logprobs": {"content": logprobs},
                 "finish_reason": finish_reason,
                 "token_ids": token_ids,
+                **({"weight_versions": spans} if spans is not None else {}),
             }
         ],
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(token_ids)},
@@ -214,18 +217,25 @@ def chat_reply(
     *,
     finish_reason: str = "stop",
     tool_calls: list[dict[str, Any]] | None = None,
+    spans: list[dict[str, Any]] | None = None,
 ) -> FakeReply:
     """`chat_completion` as the engine sends it."""
     completion = chat_completion(
-        prompt_ids, token_ids, content, finish_reason=finish_reason, tool_calls=tool_calls
+        prompt_ids, token_ids, content, finish_reason=finish_reason, tool_calls=tool_calls, spans=spans
     )
     return FakeReply(200, orjson.dumps(completion))
 
 
 def chat_stream(
-    prompt_ids: list[int], pieces: list[tuple[int, str]], *, done: bool = True, broken: bool = False
+    prompt_ids: list[int],
+    pieces: list[tuple[int, str]],
+    *,
+    done: bool = True,
+    broken: bool = False,
+    spans: list[dict[str, Any]] | None = None,
 ) -> FakeReply:
-    """A streamed chat completion: one chunk per (token id, text), then the finish chunk and [DONE]."""
+    """A streamed chat completion: one chunk per (token id, text), the last with the finish reason (and the
+    plugin's `spans`, if given), then [DONE]."""
     events: list[dict[str, Any]] = [
         {
             "id": "chatcmpl-fake",
@@ -243,6 +253,8 @@ def chat_stream(
             "finish_reason": "stop" if i == len(pieces) - 1 else None,
             "token_ids": [token],
         }
+        if spans is not None and i == len(pieces) - 1:
+            choice["weight_versions"] = spans
         events.append({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [choice]})
     chunks = [b"data: " + orjson.dumps(event) + b"\n\n" for event in events]
     if done:

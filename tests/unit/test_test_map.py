@@ -145,6 +145,7 @@ MAP: dict[str, tuple[str, ...]] = {
         U + "test_reply_bytes.py",
         E + "test_choices.py",
         E + "test_tools_multiturn.py",
+        H + "test_weight_spans.py",
     ),
     "gateway/turns/context.py": (H + "test_agent_path.py",),
     "gateway/turns/exact.py": (E + "test_exact_mode.py",),

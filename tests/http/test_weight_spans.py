@@ -1,0 +1,164 @@
+"""Each completion token's weight version, from a server with the project's vLLM plugin: the turn keeps the
+spans the plugin adds to a choice, the agent receives vLLM's reply without them, and spans that are not what
+the plugin sends are not kept (the turn is, as it would be from a server without the plugin)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from support.fake_engine import chat_reply, chat_stream, json_reply
+
+pytestmark = pytest.mark.anyio
+
+SPANNED = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}]
+
+
+async def test_a_whole_reply_keeps_its_spans_and_the_agent_gets_none(gw):
+    gw.engine.answer("/v1/chat/completions", chat_reply([1, 2], [7, 8, 0], "hey", spans=SPANNED))
+
+    answer = await gw.chat("r1")
+
+    assert answer.status_code == 200
+    assert "weight_versions" not in answer.json()["choices"][0]
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    assert turn["weight_versions"] == SPANNED
+
+
+async def test_a_stream_keeps_the_spans_of_its_finish_chunk_and_the_agent_gets_none(gw):
+    pieces = [(10, "a"), (11, "b"), (0, "")]
+    gw.engine.answer("/v1/chat/completions", chat_stream([4, 5], pieces, spans=SPANNED))
+
+    answer = await gw.chat("r1", stream=True)
+
+    assert answer.status_code == 200
+    assert b"weight_versions" not in answer.content
+    events = [orjson.loads(line[6:]) for line in answer.text.split("\n\n") if line.startswith("data: {")]
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    assert turn["weight_versions"] == SPANNED
+
+
+async def test_a_reply_from_a_server_without_the_plugin_keeps_no_spans(gw):
+    gw.engine.answer("/v1/chat/completions", chat_reply([1, 2], [7, 8, 0], "hey"))
+
+    assert (await gw.chat("r1")).status_code == 200
+
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    assert (turn["weight_versions"], turn["policy_version"], turn["policy_version_end"]) == (None, "0", "0")
+
+
+async def test_every_choice_of_n_keeps_its_own_spans(gw):
+    first = [{"version": "3", "start": 0, "end": 2}]
+    second = [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}]
+    reply: dict[str, Any] = orjson.loads(await chat_reply([1, 2], [7, 0], "a", spans=first).body())
+    other = {**reply["choices"][0], "index": 1, "token_ids": [9, 9, 0], "weight_versions": second}
+    reply["choices"].append(other)
+    gw.engine.answer("/v1/chat/completions", json_reply(reply))
+
+    answer = await gw.chat("r1", n=2)
+
+    assert answer.status_code == 200
+    assert [sorted(choice) for choice in answer.json()["choices"]] == [
+        ["finish_reason", "index", "logprobs", "message", "token_ids"]
+    ] * 2
+    turns = (await gw.rollout("r1"))["turns"]
+    assert [(t["choice_index"], t["weight_versions"]) for t in turns] == [(0, first), (1, second)]
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        [{"version": "3", "start": 0, "end": 2}],  # fewer tokens than the completion's
+        [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 2, "end": 3}],  # a gap
+        [{"version": "3", "start": 1, "end": 3}],  # not from the first token
+        [{"version": "3", "start": 0, "end": 0}, {"version": "4", "start": 0, "end": 3}],  # an empty span
+        [{"version": 3, "start": 0, "end": 3}],  # a version that is not text
+        [{"version": "3", "start": 0, "end": 3.0}],  # an end that is not an integer
+        [{"version": "3", "start": 0, "end": True}],
+        [{"version": "3", "start": 0, "end": 3, "extra": 1}],
+        [["3", 0, 3]],
+        {"version": "3", "start": 0, "end": 3},
+        "3",
+    ],
+)
+async def test_spans_that_are_not_the_plugins_are_not_kept_and_the_turn_is(gw, spans):
+    gw.engine.answer("/v1/chat/completions", chat_reply([1, 2], [7, 8, 0], "hey", spans=spans))
+
+    answer = await gw.chat("r1")
+
+    assert answer.status_code == 200
+    assert "weight_versions" not in answer.json()["choices"][0]
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    assert (turn["status"], turn["completion_token_ids"], turn["weight_versions"]) == ("ok", [7, 8, 0], None)
+
+
+async def test_a_completions_reply_keeps_its_spans_and_the_agent_gets_none(gw):
+    choice = {
+        "index": 0,
+        "text": "<4><5>",
+        "finish_reason": "length",
+        "logprobs": {"token_logprobs": [-0.5, -0.5], "tokens": ["t4", "t5"]},
+        "token_ids": [4, 5],
+        "prompt_token_ids": [1, 2, 3],
+        "weight_versions": [{"version": "0", "start": 0, "end": 2}],
+    }
+    reply = {
+        "id": "cmpl-fake",
+        "object": "text_completion",
+        "created": 1,
+        "model": "tiny",
+        "choices": [choice],
+    }
+    gw.engine.answer("/v1/completions", json_reply(reply))
+
+    answer = await gw.client.post("/rollouts/r1/v1/completions", json={"model": "tiny", "prompt": [1, 2, 3]})
+
+    assert answer.status_code == 200
+    assert "weight_versions" not in answer.json()["choices"][0]
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    assert turn["weight_versions"] == [{"version": "0", "start": 0, "end": 2}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_messages_agent_gets_no_spans_and_its_turn_keeps_them(gw, stream):
+    reply = (
+        chat_stream([1, 2], [(5, "Hi"), (2, "")], spans=[{"version": "1", "start": 0, "end": 2}])
+        if stream
+        else chat_reply([1, 2], [5, 2], "Hi", spans=[{"version": "1", "start": 0, "end": 2}])
+    )
+    gw.engine.answer("/v1/chat/completions", reply)
+    body = {
+        "model": "tiny",
+        "max_tokens": 8,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+
+    answer = await gw.client.post("/rollouts/r1/v1/messages", json=body)
+
+    assert answer.status_code == 200
+    assert b"weight_versions" not in answer.content
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    assert turn["weight_versions"] == [{"version": "1", "start": 0, "end": 2}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_responses_agent_gets_no_spans_and_its_turn_keeps_them(gw, stream):
+    reply = (
+        chat_stream([1, 2], [(5, "Hi"), (2, "")], spans=[{"version": "1", "start": 0, "end": 2}])
+        if stream
+        else chat_reply([1, 2], [5, 2], "Hi", spans=[{"version": "1", "start": 0, "end": 2}])
+    )
+    gw.engine.answer("/v1/chat/completions", reply)
+
+    answer = await gw.client.post(
+        "/rollouts/r1/v1/responses", json={"model": "tiny", "input": "Hi", "stream": stream}
+    )
+
+    assert answer.status_code == 200
+    assert b"weight_versions" not in answer.content
+    (turn,) = (await gw.rollout("r1"))["turns"]
+    assert turn["weight_versions"] == [{"version": "1", "start": 0, "end": 2}]
