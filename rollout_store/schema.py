@@ -262,6 +262,8 @@ fleet_servers = Table(
     Column("healthy", Boolean, nullable=False),
     Column("models", Json, nullable=False),
     Column("prefix_cache_hit_rate", Float),
+    # Whether its replies carry each token's weight version (the project's vLLM plugin); null until checked.
+    Column("weight_spans", Boolean),
     # The reloads and weight version this server holds: one behind the run state's takes no calls until it has
     # them.
     Column("reloads", Integer, nullable=False),

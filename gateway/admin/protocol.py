@@ -65,6 +65,9 @@ class BackendView(BaseModel):
     """Time to the reply's headers, smoothed over recent calls."""
     prefix_cache_hit_rate: float | None
     """The server's own prefix-cache hit rate (its /metrics), since it started."""
+    weight_spans: bool | None
+    """Whether its replies carry each token's weight version (the project's vLLM plugin, `rl-gateway-vllm`):
+    its turns keep them (`weight_versions`); null until a health check asked it."""
     cached_blocks: int
     """Blocks of its prefix cache the answering process knows it holds (where a moving rollout goes)."""
     cached_known_from: Literal["events", "calls"]

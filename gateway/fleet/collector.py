@@ -131,6 +131,11 @@ def fleet_facts(servers: Iterable[Server]) -> list[Metric]:
     model_healthy = GaugeMetricFamily(
         "gateway_model_backends_healthy", "Servers that serve the model and take calls.", labels=["model"]
     )
+    spans = GaugeMetricFamily(
+        "gateway_backend_weight_spans",
+        "1 while the server's replies carry each token's weight version (the project's vLLM plugin).",
+        labels=_BACKEND,
+    )
     adapter_errors = GaugeMetricFamily(
         "gateway_backend_adapter_errors",
         "LoRA versions the server failed to load: it takes none of their policy's calls until it loads them.",
@@ -145,6 +150,8 @@ def fleet_facts(servers: Iterable[Server]) -> list[Metric]:
         adapter_errors.add_metric(url, len(server.adapter_errors))
         if server.prefix_cache_hit_rate is not None:
             hit_ratio.add_metric(url, server.prefix_cache_hit_rate)
+        if server.weight_spans is not None:
+            spans.add_metric(url, float(server.weight_spans))
         for model in server.models:
             counts = models.setdefault(model, [0, 0])
             counts[0] += 1
@@ -152,7 +159,7 @@ def fleet_facts(servers: Iterable[Server]) -> list[Metric]:
     for model, (total, up) in sorted(models.items()):
         model_total.add_metric([model], total)
         model_healthy.add_metric([model], up)
-    return [healthy, draining, pinned, hit_ratio, model_total, model_healthy, adapter_errors]
+    return [healthy, draining, pinned, hit_ratio, spans, model_total, model_healthy, adapter_errors]
 
 
 def adapter_facts(adapters: FleetAdapters, servers: Iterable[Server]) -> list[Metric]:

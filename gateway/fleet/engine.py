@@ -203,6 +203,7 @@ class EngineClient:
             return False
         server.healthy = True
         server.models, server.prefix_cache_hit_rate = found.models, found.prefix_cache_hit_rate
+        server.weight_spans = found.weight_spans
         if found.weights is not None:
             server.reloads, server.weight_version = found.weights.reloads, found.weights.version
         server.adapter_errors = found.adapter_errors

@@ -1,7 +1,8 @@
 """Health checks of the vLLM servers. One process checks them for the whole gateway and publishes what it
 finds in the run state for every process to follow (`gateway.replicas.publish`).
 
-A check asks /health, then (when it passes) the served models and the prefix-cache hit rate. A server fails
+A check asks /health, then (when it passes) the served models, the prefix-cache hit rate and whether the
+project's vLLM plugin answers (its replies then carry each token's weight version). A server fails
 `eject_after` checks in a row before it is ejected; one passing check re-admits it, once it holds the
 gateway's weights: a server coming back is first given the reloads and version it missed. Checks that only
 time out do not eject the last healthy server of a model: a server slow to answer under load is busy, and
@@ -26,6 +27,8 @@ from gateway.fleet.weight_versions import RELOAD, RELOAD_BODY, WEIGHT_VERSION, F
 log = logging.getLogger(__name__)
 
 _MAX_LORA = re.compile(r'max_lora="([0-9]+)"')
+PLUGIN = "/rl-gateway/plugin"
+"""What the project's vLLM plugin answers (`vllm-plugin/`): its version and the fields it adds."""
 _CHECK_SECONDS = 5.0
 _CHECK_TIMEOUT = aiohttp.ClientTimeout(total=_CHECK_SECONDS)
 
@@ -39,6 +42,7 @@ class Found:
     url: str
     models: frozenset[str]
     prefix_cache_hit_rate: float | None
+    weight_spans: bool | None = None
     healthy: bool | None = None
     weights: FleetWeights | None = None
     """The weights it was given to catch up with the other servers."""
@@ -64,7 +68,7 @@ async def check(
     returning server the weights it missed, and any server the live LoRA versions it lacks (one that
     restarted, or failed to load one before); `last`: no other healthy server serves one of its models."""
     was_healthy = server.healthy
-    found = Found(server.url, server.models, server.prefix_cache_hit_rate)
+    found = Found(server.url, server.models, server.prefix_cache_hit_rate, server.weight_spans)
     failure = await _failure(session, server, connect_timeout)
     if failure is not None:
         server.failed_checks += 1
@@ -85,6 +89,7 @@ async def check(
         rate = prefix_hit_rate(lines)
         found.prefix_cache_hit_rate = round(rate, 3) if rate is not None else None
         _check_lora_window(server, max_loras(lines), adapters)
+        found.weight_spans = await _weight_spans(session, server)
     except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError) as exc:
         log.debug("backend %s: no models or metrics (%r)", server.url, exc)
     server.failed_checks = 0
@@ -147,6 +152,19 @@ async def _models(session: aiohttp.ClientSession, server: Server) -> frozenset[s
     async with session.get(server.url + "/v1/models", timeout=_CHECK_TIMEOUT) as response:
         listed = (await response.json()).get("data") or ()
     return frozenset(str(m.get("id")) for m in listed if isinstance(m, dict))
+
+
+async def _weight_spans(session: aiohttp.ClientSession, server: Server) -> bool:
+    """Whether the server has the project's vLLM plugin, adding weight-version spans to its replies."""
+    async with session.get(server.url + PLUGIN, timeout=_CHECK_TIMEOUT) as response:
+        if response.status != 200:
+            return False
+        described = await response.json()
+    fields = described.get("fields") if isinstance(described, dict) else None
+    spans = isinstance(fields, list) and "weight_versions" in fields
+    if spans != server.weight_spans:
+        log.info("backend %s %s weight-version spans", server.url, "reports" if spans else "does not report")
+    return spans
 
 
 async def _metrics(session: aiohttp.ClientSession, server: Server) -> list[str]:

@@ -56,6 +56,9 @@ class Server:
     max_loras: int | None = None
     """Adapters its batches hold (vLLM's --max-loras, from its /metrics), once a check read it."""
     scale_out: bool | None = None
+    weight_spans: bool | None = None
+    """Whether its replies carry each token's weight version (the project's vLLM plugin), once a health check
+    asked it."""
     """Whether it serves vLLM's token-in/token-out endpoints (exact mode), once known."""
     added_at: float = field(default=0.0)
 
@@ -83,6 +86,7 @@ class Server:
             "errors": self.errors,
             "latency_ms": round(self.latency_ewma * 1000, 2) if self.latency_ewma is not None else None,
             "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "weight_spans": self.weight_spans,
             "weight_version": self.weight_version,
             "reloads": self.reloads,
             "adapter_errors": dict(self.adapter_errors),

@@ -32,6 +32,7 @@ def _entry(server: Server) -> ServerEntry:
         healthy=server.healthy,
         models=sorted(server.models),
         prefix_cache_hit_rate=server.prefix_cache_hit_rate,
+        weight_spans=server.weight_spans,
         reloads=server.reloads,
         weight_version=server.weight_version,
         adapter_errors=dict(server.adapter_errors),
@@ -52,6 +53,7 @@ def adopt(state: RunState, fleet: Fleet, traffic: Traffic, recorder: Recorder) -
         server = fleet.add(entry.url)
         server.draining, server.healthy = entry.draining, entry.healthy
         server.models, server.prefix_cache_hit_rate = frozenset(entry.models), entry.prefix_cache_hit_rate
+        server.weight_spans = entry.weight_spans
         server.reloads, server.weight_version = entry.reloads, entry.weight_version
         server.adapter_errors = dict(entry.adapter_errors)
     wanted = {entry.url for entry in state.servers}

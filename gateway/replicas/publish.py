@@ -50,6 +50,7 @@ async def publish_health(replica: Replica, *findings: Found) -> None:
             published = {v.name for v in state.adapters} - seen.adapters_checked  # since the check began
             kept = {name for name in entry.models if name in published}
             entry.models, entry.prefix_cache_hit_rate = sorted(seen.models | kept), seen.prefix_cache_hit_rate
+            entry.weight_spans = seen.weight_spans
             unchecked = {k: v for k, v in entry.adapter_errors.items() if k not in seen.adapters_checked}
             entry.adapter_errors = unchecked | seen.adapter_errors
             if seen.healthy is not None:

@@ -52,6 +52,9 @@ class ServerEntry(BaseModel):
     server added at run time is not, until a check has passed."""
     models: list[str] = []
     prefix_cache_hit_rate: float | None = None
+    weight_spans: bool | None = None
+    """Whether its replies carry each token's weight version (the project's vLLM plugin); None until a health
+    check asked."""
     reloads: int = 0
     """The weight reloads this server has done."""
     weight_version: str | None = None

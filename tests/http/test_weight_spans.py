@@ -1,14 +1,18 @@
 """Each completion token's weight version, from a server with the project's vLLM plugin: the turn keeps the
 spans the plugin adds to a choice, the agent receives vLLM's reply without them, and spans that are not what
-the plugin sends are not kept (the turn is, as it would be from a server without the plugin)."""
+the plugin sends are not kept (the turn is, as it would be from a server without the plugin). Health checks
+find which servers have the plugin."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from typing import Any
 
 import orjson
 import pytest
 
+from support import until
 from support.fake_engine import chat_reply, chat_stream, json_reply
 
 pytestmark = pytest.mark.anyio
@@ -162,3 +166,58 @@ async def test_a_responses_agent_gets_no_spans_and_its_turn_keeps_them(gw, strea
     assert b"weight_versions" not in answer.content
     (turn,) = (await gw.rollout("r1"))["turns"]
     assert turn["weight_versions"] == [{"version": "1", "start": 0, "end": 2}]
+
+
+def vllm_routes(plugin: tuple[int, bytes]) -> Any:
+    """A raw server answering the routes a health check asks, `/rl-gateway/plugin` with `plugin`."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _server: Any) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)\r\ncontent-length: *([0-9]+)", head)
+                await reader.readexactly(int(length[1]) if length else 0)
+                path = head.split(b" ")[1]
+                status, body = {
+                    b"/health": (200, b""),
+                    b"/v1/models": (200, orjson.dumps({"data": [{"id": "tiny"}]})),
+                    b"/metrics": (200, b""),
+                    b"/rl-gateway/plugin": plugin,
+                }.get(path, (404, b"{}"))
+                head = b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                writer.write(head % (status, len(body)) + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            writer.close()
+
+    return handle
+
+
+PLUGIN = {"plugin": "rl-gateway-vllm", "version": "0.1.0", "fields": ["weight_versions"]}
+
+
+@pytest.mark.parametrize(
+    ("plugin", "spans", "gauge"),
+    [
+        ((200, orjson.dumps(PLUGIN)), True, "1.0"),
+        ((404, b'{"detail":"Not Found"}'), False, "0.0"),
+        ((500, b"{}"), False, "0.0"),
+        ((200, orjson.dumps({**PLUGIN, "fields": []})), False, "0.0"),
+        ((200, orjson.dumps(["weight_versions"])), False, "0.0"),
+        ((200, b"not json"), None, None),  # not an answer: unknown, and the server is healthy all the same
+    ],
+)
+async def test_the_health_check_finds_which_servers_report_spans(start, serve, plugin, spans, gauge):
+    url = await serve(vllm_routes(plugin))
+    gw = await start(backend=[url], scripted=False)
+    fleet = gw.app.state.admin.fleet
+    await until(lambda: fleet.servers[url].models, "the first health check")
+
+    (backend,) = (await gw.client.get("/admin/state")).json()["backends"]
+    metrics = (await gw.client.get("/metrics")).text.splitlines()
+
+    assert (backend["healthy"], backend["weight_spans"]) == (True, spans)
+    sample = f'gateway_backend_weight_spans{{backend="{url}"}}'
+    assert [line.rpartition(" ")[2] for line in metrics if line.startswith(sample)] == (
+        [gauge] if gauge else []
+    )

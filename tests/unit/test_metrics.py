@@ -126,4 +126,4 @@ async def test_the_families_taken_from_one_worker_are_those_a_leading_process_ex
     await facts.refresh()
 
     assert {family.name for family in facts.collect()} == NAMES
-    assert len(NAMES) == 14
+    assert len(NAMES) == 15
