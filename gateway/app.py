@@ -278,6 +278,7 @@ def _fleet(
         lora_bases=settings.lora_bases,
         lora_keep=settings.lora_keep,
         adapter_freed=adapter_freed,
+        first_version=settings.policy_version,
     )
     metrics.registry.register(LoadCollector(lambda: list(fleet.servers.values())))
     metrics.registry.register(LeaderCollector(fleet.leaders))

@@ -423,6 +423,7 @@ class EngineClient:
             self._session,
             server,
             self.fleet.weights,
+            self.fleet.first_version,
             self.fleet.adapters,
             self.eject_after,
             self.call_one,

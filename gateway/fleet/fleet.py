@@ -36,12 +36,14 @@ class Fleet:
         lora_bases: dict[str, str] | None = None,
         lora_keep: int = 2,
         adapter_freed: Callable[[], None] = lambda: None,
+        first_version: str | None = None,
     ) -> None:
         """`left`: told of each server that leaves (the engine client closes its idle connections to it).
         `pins`, `by_group`, `placed`: how rollouts are placed (`Placement`). `kv_events`: the servers'
         KV-cache event endpoints to read (--kv-events). `lora_bases`, `lora_keep`: each LoRA policy's base
         model (--lora-policy) and the versions of each kept loaded (--lora-keep); `adapter_freed`: told when
-        this process's last call on a retired version ended."""
+        this process's last call on a retired version ended. `first_version`: the run's policy version before
+        any update, which servers that report weight versions label their tokens with until the first."""
         if not urls:
             raise ValueError("at least one backend URL is required")
         self._left = left
@@ -58,6 +60,7 @@ class Fleet:
         )
         self.leaders = Leaders()
         self.weights = FleetWeights()
+        self.first_version = first_version
 
     @property
     def urls(self) -> list[str]:

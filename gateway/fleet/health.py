@@ -57,6 +57,7 @@ async def check(
     session: aiohttp.ClientSession,
     server: Server,
     weights: FleetWeights,
+    first_version: str | None,
     adapters: FleetAdapters,
     eject_after: int,
     call: Call,
@@ -66,7 +67,8 @@ async def check(
 ) -> Found:
     """One health check of `server` (its `failed_checks` count the failures in a row); `call` gives a
     returning server the weights it missed, and any server the live LoRA versions it lacks (one that
-    restarted, or failed to load one before); `last`: no other healthy server serves one of its models."""
+    restarted, or failed to load one before), and a server that reports weight versions the run's version
+    (`first_version` before any update); `last`: no other healthy server serves one of its models."""
     was_healthy = server.healthy
     found = Found(server.url, server.models, server.prefix_cache_hit_rate, server.weight_spans)
     failure = await _failure(session, server, connect_timeout)
@@ -95,6 +97,7 @@ async def check(
     server.failed_checks = 0
     await _hold_adapters(call, server, found, adapters)
     if was_healthy:
+        await _label(call, server, found, weights.version or first_version)
         return found
     missed = await _catch_up(call, server, weights)
     if missed is not None:
@@ -128,6 +131,25 @@ async def _catch_up(call: Call, server: Server, weights: FleetWeights) -> str | 
     if weights.version is not None and server.weight_version != weights.version:
         return await call(server.url + WEIGHT_VERSION, {"new_version": weights.version})
     return None
+
+
+async def _label(call: Call, server: Server, found: Found, version: str | None) -> None:
+    """Give a server in service that reports weight versions, and that this run has given none yet (at the
+    gateway's start), the run's version: vLLM labels the tokens it samples with it (else with what an
+    earlier run gave it, or "default"), and turns keep those labels. Later versions reach it through
+    `/admin/policy_version`."""
+    if not found.weight_spans or version is None or server.weight_version is not None:
+        return
+    failure = await call(server.url + WEIGHT_VERSION, {"new_version": version})
+    if failure is None:
+        found.weights = FleetWeights(server.reloads, version)
+    elif not server.weight_spans:  # said once, as the plugin is found
+        log.warning(
+            "backend %s reports weight versions but takes none (%s): its turns' spans keep its own labels; "
+            "start it with VLLM_SERVER_DEV_MODE=1",
+            server.url,
+            failure,
+        )
 
 
 async def _hold_adapters(call: Call, server: Server, found: Found, adapters: FleetAdapters) -> None:
