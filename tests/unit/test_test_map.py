@@ -146,6 +146,7 @@ MAP: dict[str, tuple[str, ...]] = {
         E + "test_choices.py",
         E + "test_tools_multiturn.py",
         H + "test_weight_spans.py",
+        E + "test_token_versions.py",
     ),
     "gateway/turns/context.py": (H + "test_agent_path.py",),
     "gateway/turns/exact.py": (E + "test_exact_mode.py",),
