@@ -139,6 +139,7 @@ async def _start(app: FastAPI, settings: Settings, store: Store | None, scripted
     await parts.local_render.build(settings.local_render)
     _run_in_background(parts, settings, health_checks=scripted is None)
     await parts.replica.start()
+    await parts.store.publish_version(None, parts.replica.held.policy_version)  # the run's first, if it is
     return parts
 
 
@@ -362,7 +363,7 @@ def _install_contexts(app: FastAPI, settings: Settings, parts: Started, recorder
         parts.lifecycle,
     )
     app.state.admin = AdminContext(
-        parts.replica, parts.fleet, parts.engine, recorder, settings.pause_clear_cache
+        parts.replica, parts.fleet, parts.engine, recorder, parts.store, settings.pause_clear_cache
     )
     app.state.viewer = ViewerContext(parts.store, TokenTexts(parts.engine))
 

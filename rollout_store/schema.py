@@ -228,6 +228,18 @@ teacher_scores = Table(
     Column("scored_at", Float, nullable=False),
 )
 
+# The policy versions the run published, in order (`gateway.store.versions`): the full weights' (policy null:
+# the version the gateway started with, then each `POST /admin/policy_version`) and each LoRA policy's (`POST
+# /admin/adapters`). A token's staleness is counted in its policy's versions published after its own.
+policy_versions = Table(
+    "policy_versions",
+    metadata,
+    Column("seq", BigId, primary_key=True, autoincrement=True),
+    Column("policy", String(256)),
+    Column("version", String(64), nullable=False),
+    Column("published_at", Float, nullable=False),
+)
+
 # The gateway's run state, shared by every gateway process on PostgreSQL (`gateway.store.run_state`): one row
 # of what every process must hold alike, numbered by `epoch` (each change adds one and is announced with
 # NOTIFY), the fleet's vLLM servers, the history of weight reloads, and the processes themselves with their

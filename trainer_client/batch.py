@@ -34,7 +34,9 @@ class Batch:
 
         """Right-padded [B, L] tensors; `old_logprobs[b, t]` is the sampling logprob of `input_ids[b, t]`
         (0 on prompt and padding), `advantages[b, t]` the sample's advantage on its loss tokens; samples read
-        with a teacher add `teacher_logprobs`, aligned like `old_logprobs`."""
+        with a teacher add `teacher_logprobs`, aligned like `old_logprobs`. `token_versions` is the index of
+        the version that sampled each token (`training_data.versions`), and with a current version
+        `token_staleness` its updates behind it (-1 on prompt, padding and where unknown)."""
         sequences = [(s.input_ids, s.loss_mask, s.token_logprobs) for s in self.samples]
         lengths = [ids.shape[0] for ids, _, _ in sequences]
         width = max(lengths, default=0)
@@ -64,6 +66,11 @@ class Batch:
             for row, values in enumerate(teacher):
                 padded[row, : values.shape[0]] = values
             tensors["teacher_logprobs"] = torch.from_numpy(padded)
+        for name, values in self._versions().items():
+            padded_versions = np.full((rows, width), -1, dtype=np.int64)
+            for row, aligned in enumerate(values):
+                padded_versions[row, : aligned.shape[0]] = aligned
+            tensors[name] = torch.from_numpy(padded_versions)
         return tensors
 
     def packed(self) -> dict[str, torch.Tensor]:
@@ -99,7 +106,18 @@ class Batch:
         teacher = self._teacher_logprobs()
         if teacher is not None:
             tensors["teacher_logprobs"] = row(teacher, np.float32)
+        for name, values in self._versions().items():
+            tensors[name] = row(values, np.int64)
         return tensors
+
+    def _versions(self) -> dict[str, list[np.ndarray]]:
+        """`token_versions` and `token_staleness` of every sample, where every sample has them."""
+        found = {}
+        for name in ("token_versions", "token_staleness"):
+            values = [getattr(s, name) for s in self.samples]
+            if values and all(v is not None for v in values):
+                found[name] = values
+        return found
 
     def _teacher_logprobs(self) -> list[np.ndarray] | None:
         """Each sample's teacher logprobs aligned with its `input_ids`; None when read without a teacher."""

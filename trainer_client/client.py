@@ -76,7 +76,14 @@ class TrainerClient:
 
     def _load(self, selection: Selection, options: SampleOptions) -> Batch:
         with self.engine.connect() as conn:
-            samples = load_samples(conn, selection.rollouts, merged=options.merged, teacher=options.teacher)
+            samples = load_samples(
+                conn,
+                selection.rollouts,
+                merged=options.merged,
+                teacher=options.teacher,
+                current_version=options.current_version,
+                max_token_staleness=options.max_token_staleness,
+            )
         return Batch(cast(list[Sample], samples), selection.counts())
 
     def close(self) -> None:

@@ -48,6 +48,10 @@ class SampleOptions:
     current_version: int | None = None
     max_staleness: int | None = None
     """Skip rollouts whose oldest turn is more than this many policy versions behind `current_version`."""
+    max_token_staleness: int | None = None
+    """Keep the rollouts, but mask out of the loss the completion tokens sampled more than this many updates
+    of their policy before `current_version` (`training_data.versions`): the tokens of a reply that a
+    keep-mode update split, before the split."""
     max_groups: int | None = None
     merged: bool = False
     """One sample per chain of turns that extend each other exactly, instead of one per turn."""

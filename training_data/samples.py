@@ -56,6 +56,14 @@ class StepSample:
     loss (`masked`), so that nothing is trained twice."""
     teacher_logprobs: np.ndarray | None = None
     """A teacher's logprob of each of `completion_ids` (`trainer-client score`, `SampleOptions(teacher=)`)."""
+    completion_versions: np.ndarray | None = None
+    """The index, in its policy's published versions, of the version that sampled each of `completion_ids`
+    (`training_data.versions`; -1 where unknown)."""
+    completion_staleness: np.ndarray | None = None
+    """Each of `completion_ids`' updates behind the trainer's current version, when read with one (-1 where
+    unknown)."""
+    stale: np.ndarray | None = None
+    """The completion tokens masked out of the loss as too stale (`SampleOptions.max_token_staleness`)."""
 
     @property
     def alone(self) -> bool:
@@ -74,8 +82,18 @@ class StepSample:
     def loss_mask(self) -> np.ndarray:
         mask = np.zeros(self.prompt_ids.shape[0] + self.completion_ids.shape[0], dtype=np.int8)
         if not self.masked:
-            mask[self.prompt_ids.shape[0] :] = 1
+            mask[self.prompt_ids.shape[0] :] = 1 if self.stale is None else ~self.stale
         return mask
+
+    @property
+    def token_versions(self) -> np.ndarray | None:
+        """`completion_versions` aligned with `input_ids` (-1 on the prompt)."""
+        return _aligned(self.prompt_ids.shape[0], self.completion_versions)
+
+    @property
+    def token_staleness(self) -> np.ndarray | None:
+        """`completion_staleness` aligned with `input_ids` (-1 on the prompt)."""
+        return _aligned(self.prompt_ids.shape[0], self.completion_staleness)
 
     @property
     def token_logprobs(self) -> np.ndarray:
@@ -115,8 +133,21 @@ class StepSample:
                 "loss_mask": self.loss_mask.tolist(),
                 "logprobs": self.logprobs.tolist(),
                 **_teacher(self.teacher_logprobs),
+                **_versions(self.completion_versions, self.completion_staleness),
             },
         )
+
+
+def _aligned(prompt: int, values: np.ndarray | None) -> np.ndarray | None:
+    if values is None:
+        return None
+    aligned: np.ndarray = np.concatenate([np.full(prompt, -1, dtype=np.int32), values.astype(np.int32)])
+    return aligned
+
+
+def _versions(versions: np.ndarray | None, staleness: np.ndarray | None) -> dict[str, Any]:
+    found = {} if versions is None else {"token_versions": versions.tolist()}
+    return found if staleness is None else {**found, "token_staleness": staleness.tolist()}
 
 
 @dataclass
@@ -144,6 +175,12 @@ class MergedSample:
     """A choice rewarded on its own (`StepSample.choice_reward`), alone in its sample."""
     token_teacher_logprobs: np.ndarray | None = None
     """A teacher's logprob of each sampled token, aligned with `input_ids` (0 where `token_logprobs` is)."""
+    token_versions: np.ndarray | None = None
+    """The version index of each sampled token (`StepSample.completion_versions`), aligned with `input_ids`
+    (-1 elsewhere)."""
+    token_staleness: np.ndarray | None = None
+    """Each sampled token's updates behind the trainer's current version, aligned with `input_ids` (-1
+    elsewhere and where unknown)."""
 
     def to_json(self) -> dict[str, Any]:
         return _record(
@@ -155,6 +192,7 @@ class MergedSample:
                 "loss_mask": self.loss_mask.tolist(),
                 "logprobs": self.token_logprobs.tolist(),
                 **_teacher(self.token_teacher_logprobs),
+                **_versions(self.token_versions, self.token_staleness),
             },
         )
 
@@ -206,13 +244,19 @@ def _merge(chain: list[StepSample]) -> MergedSample:
     logprobs = np.zeros(input_ids.shape[0], dtype=np.float32)
     scored = all(step.teacher_logprobs is not None for step in chain)
     teacher = np.zeros(input_ids.shape[0], dtype=np.float32) if scored else None
+    versions = _unknown(input_ids, all(step.completion_versions is not None for step in chain))
+    staleness = _unknown(input_ids, all(step.completion_staleness is not None for step in chain))
     for step in chain:
         start = step.prompt_ids.shape[0]
         end = start + step.completion_ids.shape[0]
-        loss_mask[start:end] = 0 if step.masked else 1
+        loss_mask[start:end] = step.loss_mask[start:]
         logprobs[start:end] = step.logprobs
         if teacher is not None:
             teacher[start:end] = step.teacher_logprobs
+        if versions is not None:
+            versions[start:end] = step.completion_versions
+        if staleness is not None:
+            staleness[start:end] = step.completion_staleness
     return MergedSample(
         rollout_id=last.rollout_id,
         group_id=last.group_id,
@@ -230,7 +274,13 @@ def _merge(chain: list[StepSample]) -> MergedSample:
         masked=all(step.masked for step in chain),
         choice_reward=last.choice_reward,
         token_teacher_logprobs=teacher,
+        token_versions=versions,
+        token_staleness=staleness,
     )
+
+
+def _unknown(input_ids: np.ndarray, known: bool) -> np.ndarray | None:
+    return np.full(input_ids.shape[0], -1, dtype=np.int32) if known else None
 
 
 class Split(NamedTuple):

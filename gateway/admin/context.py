@@ -9,6 +9,7 @@ from fastapi import Request
 from gateway.fleet.engine import Engine
 from gateway.fleet.fleet import Fleet
 from gateway.replicas.replica import Replica
+from gateway.store.store import Store
 from gateway.turns.recording import Recorder
 
 
@@ -19,6 +20,8 @@ class AdminContext:
     fleet: Fleet
     engine: Engine
     recorder: Recorder
+    store: Store
+    """Where the versions the run publishes are kept in order (`policy_versions`)."""
     clear_cache: bool
     """Whether a pause that does not say drops the servers' caches (--pause-clear-cache)."""
 

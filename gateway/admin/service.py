@@ -188,6 +188,7 @@ async def set_policy_version(admin: AdminContext, version: str) -> AdminState:
         await admin.engine.call_all(WEIGHT_VERSION, json={"new_version": version}, done=_append_url_to(took))
     finally:  # also after a failure half way: the servers that took it hold it
         await admin.replica.change(versioned)
+        await admin.store.publish_version(None, version)
     log.info("policy version is now %s", version)
     return await admin_state(admin)
 
@@ -222,6 +223,7 @@ async def publish_adapter(admin: AdminContext, policy: str, version: str, path: 
     versions past the keep window once no call holds them."""
     new = AdapterVersion(policy=policy, version=version, path=path)
     await adapters.publish(admin.replica, admin.fleet, admin.engine, new)
+    await admin.store.publish_version(policy, version)
     await adapters.release(admin.replica, admin.fleet, admin.engine)
     return await admin_state(admin)
 

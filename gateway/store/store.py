@@ -10,7 +10,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import numpy as np
 from sqlalchemy.engine import Connection
 
-from gateway.store import expiry, pins, reads
+from gateway.store import expiry, pins, reads, versions
 from gateway.store.backlog import Backlog, backlog
 from gateway.store.checkpoints import Checkpointer
 from gateway.store.pins import Pick, Pin
@@ -88,6 +88,11 @@ class Store:
             include_tokens=include_tokens,
             include_messages=include_messages,
         )
+
+    async def publish_version(self, policy: str | None, version: str) -> None:
+        """Record that the run's `policy` (None: the full weights) is now at `version` (`policy_versions`)."""
+        at = time.time()
+        await self.writer.submit(lambda conn: versions.publish_version(conn, policy, version, at))
 
     async def backlog(self) -> Backlog:
         return await asyncio.to_thread(self._read, backlog)

@@ -127,6 +127,7 @@ MAP: dict[str, tuple[str, ...]] = {
         U + "test_idle_rollouts.py",
         U + "test_store_locks.py",
     ),
+    "gateway/store/versions.py": (H + "test_training_data_versions.py",),
     "gateway/store/writer.py": (
         U + "test_store_locks.py",
         U + "test_agent_created_rollouts.py",
