@@ -107,16 +107,23 @@ def test_replies_that_span_a_keep_mode_update_keep_two_spans_split_where_the_wei
     # The agents got vLLM's replies as they are without the plugin.
     for reply in (streamed_text, str(whole_reply), str(sampled_reply)):
         assert "weight_versions" not in reply
-    # The documented SQL reads the same spans.
+    # The documented SQL reads the same spans, and its view one row per span.
     engine = make_engine(db_url)
     try:
         with engine.connect() as conn:
             stored = conn.execute(
                 sa.text("SELECT weight_versions FROM turns WHERE rollout_id = 'streamed'")
             ).scalar_one()
+            rows = conn.execute(
+                sa.text(
+                    "SELECT version, start_token, end_token FROM token_versions "
+                    "WHERE rollout_id = 'streamed' ORDER BY start_token"
+                )
+            ).all()
     finally:
         engine.dispose()
     assert stored == turn_of(gateway, "streamed")["weight_versions"]
+    assert [tuple(row) for row in rows] == [(s["version"], s["start"], s["end"]) for s in stored]
 
 
 async def whole(url: str, sampling: dict[str, Any]) -> dict[str, Any]:

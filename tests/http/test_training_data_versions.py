@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
+from rollout_store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
 
 from support.fake_engine import chat_reply
@@ -110,3 +112,30 @@ async def test_a_version_published_again_keeps_its_first_place(gw):
 
     assert sample.completion_versions.tolist() == [0, 1]
     assert np.array_equal(sample.completion_staleness, np.array([1, 0]))
+
+
+async def test_the_staleness_views_count_each_steps_tokens_by_updates_behind_the_claim(gw):
+    await a_group_across_two_updates(gw)
+    with TrainerClient(gw.db) as client:
+        client.claim("t", 0, SampleOptions())
+
+    engine = make_engine(gw.db)
+    try:
+        with engine.connect() as conn:
+            spans_of_a = conn.execute(
+                sa.text(
+                    "SELECT policy, version, start_token, end_token, tokens FROM token_versions "
+                    "WHERE rollout_id = 'a' ORDER BY start_token"
+                )
+            ).all()
+            order = conn.execute(sa.text("SELECT version, version_index FROM version_order ORDER BY 2")).all()
+            by_step = conn.execute(
+                sa.text("SELECT step, staleness, turns, tokens FROM staleness_by_step ORDER BY staleness")
+            ).all()
+    finally:
+        engine.dispose()
+
+    assert [tuple(row) for row in spans_of_a] == [(None, "0", 0, 3, 3), (None, "1", 3, 5, 2)]
+    assert [tuple(row) for row in order] == [("0", 0), ("1", 1), ("2", 2)]
+    # Claimed after version 2: a's first 3 tokens are 2 updates behind; 2 of a's, c's 2 and 2 of b's are 1.
+    assert [tuple(row) for row in by_step] == [(0, 0, 1, 2), (0, 1, 3, 6), (0, 2, 1, 3)]
