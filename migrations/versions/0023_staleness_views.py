@@ -1,8 +1,8 @@
-"""Which weights sampled each token, in SQL: `token_versions` (one row per span of a sampled turn's tokens: its
-spans from a server with the vLLM plugin, else every token at the version the call was dispatched at, and an
-adapter's turn at its adapter version), `version_order` (each policy's versions numbered from 0 in the order
-the run published them) and `staleness_by_step` (per training step, the tokens of the rollouts claimed at it by
-how many of their policy's versions had been published after theirs when the claim was made).
+"""Which weights sampled each token, in SQL: `token_versions` (one row per span of a sampled turn's tokens:
+its spans from a server with the vLLM plugin, else every token at the version the call was dispatched at, and
+an adapter's turn at its adapter version), `version_order` (each policy's versions numbered from 0 in the
+order the run published them) and `staleness_by_step` (per training step, the tokens of the rollouts claimed
+at it by how many of their policy's versions had been published after theirs when the claim was made).
 
 Revision ID: 0023
 Revises: 0022
@@ -48,9 +48,10 @@ _TOKEN_VERSIONS = """
 
 _VERSION_ORDER = """
     SELECT f.policy, f.version, f.published_at,
-           (SELECT COUNT(*) FROM (SELECT policy, MIN(seq) AS first_seq FROM policy_versions GROUP BY policy, version) o
-            WHERE o.first_seq < f.first_seq AND (o.policy = f.policy OR (o.policy IS NULL AND f.policy IS NULL)))
-               AS version_index
+           (SELECT COUNT(*)
+            FROM (SELECT policy, MIN(seq) AS first_seq FROM policy_versions GROUP BY policy, version) o
+            WHERE o.first_seq < f.first_seq
+                AND (o.policy = f.policy OR (o.policy IS NULL AND f.policy IS NULL))) AS version_index
     FROM (SELECT policy, version, MIN(seq) AS first_seq, MIN(published_at) AS published_at
           FROM policy_versions GROUP BY policy, version) f
 """
