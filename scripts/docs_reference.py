@@ -224,7 +224,7 @@ def metrics_page() -> str:
         {"agent": "policy"}, versions=[AdapterVersion(policy="agent", version="1", path="/a/1")]
     )
     models = frozenset({"policy", adapters.versions[0].name})
-    server = Server("http://vllm:8000", models=models, prefix_cache_hit_rate=0.0)
+    server = Server("http://vllm:8000", models=models, prefix_cache_hit_rate=0.0, weight_spans=True)
     servers = SimpleNamespace(servers={server.url: server}, adapters=adapters)
     metrics.registry.register(LoadCollector(lambda: [server]))
     events = SimpleNamespace(readers={server.url: Reader("tcp://vllm:5557")})

@@ -66,9 +66,9 @@ class Batch:
             for row, values in enumerate(teacher):
                 padded[row, : values.shape[0]] = values
             tensors["teacher_logprobs"] = torch.from_numpy(padded)
-        for name, values in self._versions().items():
+        for name, per_sample in self._versions().items():
             padded_versions = np.full((rows, width), -1, dtype=np.int64)
-            for row, aligned in enumerate(values):
+            for row, aligned in enumerate(per_sample):
                 padded_versions[row, : aligned.shape[0]] = aligned
             tensors[name] = torch.from_numpy(padded_versions)
         return tensors

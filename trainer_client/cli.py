@@ -134,6 +134,19 @@ def _add_sample_options(export: _Parser) -> None:
         default=None,
         help="serve a group's finished rollouts after this many seconds",
     )
+    export.add_argument(
+        "--current-version",
+        type=int,
+        metavar="N",
+        help="add each sampled token's staleness against this published policy version (token_staleness: "
+        "versions of its policy published after the one that sampled it)",
+    )
+    export.add_argument(
+        "--max-token-staleness",
+        type=int,
+        metavar="K",
+        help="with --current-version: mask the tokens staler than K out of the loss (their turns are kept)",
+    )
 
 
 def _add_score(commands: argparse._SubParsersAction[_Parser], store: _Parser) -> _Parser:
@@ -376,6 +389,8 @@ def _export(args: argparse.Namespace) -> int:
         merged=args.merged,
         teacher=args.teacher,
         policy=args.policy,
+        current_version=args.current_version,
+        max_token_staleness=args.max_token_staleness,
     )
     to_stdout = args.output == "-"
     if args.format == "hf":
@@ -415,6 +430,8 @@ def _chosen(conn: Connection, ready: list[str], group_id: str | None, since: flo
 
 
 def _check_export(args: argparse.Namespace) -> None:
+    if args.max_token_staleness is not None and args.current_version is None:
+        _usage_error(args, "--max-token-staleness needs --current-version")
     if args.format == "parquet" and args.output == "-" and sys.stdout.isatty():
         _usage_error(args, "refusing to write parquet to a terminal; redirect it or use -o FILE")
     if args.format != "hf":

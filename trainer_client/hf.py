@@ -5,8 +5,11 @@ Columns: `rollout_id`, `group_id`, `turn_index` (the sample's first turn), `turn
 `prompt_ids` (the ids before the first sampled token), `completion_ids` (the rest: sampled tokens, and for a
 merged sample the environment's tokens between them), `input_ids` (prompt then completion), `loss_mask` and
 `logprobs` (aligned with `input_ids`: 1 and the sampling logprob on sampled tokens, 0 elsewhere), `reward`,
-`advantage`, `reward_components` (JSON text), `finish_reason`, `is_last_step`, `masked`; read with a teacher
-(`SampleOptions(teacher=...)`, `export --teacher`), `teacher_logprobs` too (aligned like `logprobs`).
+`advantage`, `reward_components` (JSON text), `finish_reason`, `is_last_step`, `masked`, `token_versions`
+(the index of the version that sampled each token, aligned like `logprobs`, -1 elsewhere:
+`training_data.versions`); read with a current version (`SampleOptions(current_version=...)`,
+`export --current-version`), `token_staleness` too; read with a teacher (`SampleOptions(teacher=...)`,
+`export --teacher`), `teacher_logprobs` too (aligned like `logprobs`).
 
 Needs the `hf` extra (`pip install 'rl-gateway[hf]'`).
 """
@@ -29,7 +32,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
-def features(teacher: bool = False) -> datasets.Features:
+def features(teacher: bool = False, staleness: bool = False) -> datasets.Features:
     from datasets import Features, Sequence, Value
 
     ids, floats = Sequence(Value("int32")), Sequence(Value("float32"))
@@ -51,16 +54,22 @@ def features(teacher: bool = False) -> datasets.Features:
             "finish_reason": Value("string"),
             "is_last_step": Value("bool"),
             "masked": Value("bool"),
+            "token_versions": ids,
         }
     )
+    if staleness:
+        columns["token_staleness"] = ids
     if teacher:
         columns["teacher_logprobs"] = floats
     return columns
 
 
-def table(samples: list[StepSample | MergedSample], teacher: bool = False) -> pa.Table:
-    """Samples as rows of an Arrow table of `features(teacher)`'s schema: the id and logprob columns are
-    built from the samples' arrays as they are (a Python list per row would cost ten times as much)."""
+def table(
+    samples: list[StepSample | MergedSample], teacher: bool = False, staleness: bool = False
+) -> pa.Table:
+    """Samples as rows of an Arrow table of `features(teacher, staleness)`'s schema: the id and logprob
+    columns are built from the samples' arrays as they are (a Python list per row would cost ten times as
+    much)."""
     import pyarrow as pa
 
     cuts = [sample.prompt_length for sample in samples]
@@ -90,10 +99,18 @@ def table(samples: list[StepSample | MergedSample], teacher: bool = False) -> pa
         "finish_reason": pa.array([s.finish_reason for s in samples], pa.string()),
         "is_last_step": pa.array([s.is_last_step for s in samples], pa.bool_()),
         "masked": pa.array([s.masked for s in samples], pa.bool_()),
+        "token_versions": lists([_aligned(s, s.token_versions) for s in samples], pa.int32()),
     }
+    if staleness:
+        columns["token_staleness"] = lists([_aligned(s, s.token_staleness) for s in samples], pa.int32())
     if teacher:
         columns["teacher_logprobs"] = lists([_teacher(s) for s in samples], pa.float32())
-    return pa.table(columns, schema=features(teacher).arrow_schema)
+    return pa.table(columns, schema=features(teacher, staleness).arrow_schema)
+
+
+def _aligned(sample: StepSample | MergedSample, values: np.ndarray | None) -> np.ndarray:
+    """A per-token column, -1 throughout for a sample read without it."""
+    return values if values is not None else np.full(sample.input_ids.shape[0], -1, dtype=np.int32)
 
 
 def _teacher(sample: StepSample | MergedSample) -> np.ndarray:
@@ -114,8 +131,8 @@ def _write(db: str, options: SampleOptions, path: Path) -> int:
     from trainer_client.client import TrainerClient
 
     written = 0
-    teacher = options.teacher is not None
-    schema = features(teacher).arrow_schema
+    teacher, staleness = options.teacher is not None, options.current_version is not None
+    schema = features(teacher, staleness).arrow_schema
     with (
         TrainerClient(db) as client,
         pa.OSFile(str(path), "wb") as sink,
@@ -123,7 +140,7 @@ def _write(db: str, options: SampleOptions, path: Path) -> int:
     ):
         for batch in client.iter_batches(options):
             if batch.samples:
-                out.write_table(table(batch.samples, teacher))
+                out.write_table(table(batch.samples, teacher, staleness))
                 written += len(batch.samples)
     return written
 

@@ -4,6 +4,8 @@ out of the loss, the turn kept (recorded in process against a scripted engine)."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ import sqlalchemy as sa
 
 from rollout_store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
+from trainer_client.cli import main
 
 from support.fake_engine import chat_reply
 
@@ -139,3 +142,41 @@ async def test_the_staleness_views_count_each_steps_tokens_by_updates_behind_the
     assert [tuple(row) for row in order] == [("0", 0), ("1", 1), ("2", 2)]
     # Claimed after version 2: a's first 3 tokens are 2 updates behind; 2 of a's, c's 2 and 2 of b's are 1.
     assert [tuple(row) for row in by_step] == [(0, 0, 1, 2), (0, 1, 3, 6), (0, 2, 1, 3)]
+
+
+@pytest.mark.parametrize("form", ["jsonl", "parquet", "hf"])
+async def test_an_export_carries_each_tokens_version_and_staleness_and_the_mask(gw, tmp_path, form):
+    await a_group_across_two_updates(gw)
+    out = tmp_path / "samples"
+
+    bound = ["--current-version", "2", "--max-token-staleness", "1"]
+    written = main(["export", "--db", gw.db, "--format", form, "-o", str(out), *bound])
+
+    assert written == 0
+    records = {r["rollout_id"]: r for r in exported(out, form)}
+    assert records["a"]["token_versions"][-5:] == [0, 0, 0, 1, 1]
+    assert records["a"]["token_staleness"][-5:] == [2, 2, 2, 1, 1]
+    assert records["a"]["loss_mask"][-5:] == [0, 0, 0, 1, 1]
+    assert records["b"]["token_staleness"][-4:] == [1, 1, 0, 0]
+
+
+def exported(out: Path, form: str) -> list[dict[str, Any]]:
+    if form == "jsonl":
+        return [json.loads(line) for line in out.read_text().splitlines()]
+    if form == "parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_table(out).to_pylist())
+    from datasets import load_from_disk
+
+    return list(load_from_disk(str(out)).to_list())
+
+
+def test_a_staleness_bound_without_a_current_version_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["export", "--db", "sqlite:///unused.db", "-o", "-", "--max-token-staleness", "1"])
+
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "trainer-client export: error: --max-token-staleness needs --current-version"
+    )
