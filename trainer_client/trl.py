@@ -43,7 +43,7 @@ from trainer_client.client import TrainerClient
 from trainer_client.sync import GatewayAdmin
 from trainer_client.weights import save_tensors, save_weights
 from training_data.groups import SampleOptions, numeric_version
-from training_data.samples import MergedSample, split
+from training_data.samples import MergedSample, response_versions, split
 
 if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments
@@ -183,7 +183,9 @@ def _one_chain_each(samples: list[MergedSample]) -> dict[str, MergedSample]:
 
 
 def _columns(samples: list[MergedSample]) -> dict[str, list[Any]]:
-    """What `rollout_func` returns: the ids split at the first turn's prompt, and the stored reward."""
+    """What `rollout_func` returns: the ids split at the first turn's prompt, the stored reward, and each
+    completion token's version index (read with a current version, its staleness too:
+    `training_data.versions`)."""
     columns: dict[str, list[Any]] = {
         "prompt_ids": [],
         "completion_ids": [],
@@ -192,6 +194,8 @@ def _columns(samples: list[MergedSample]) -> dict[str, list[Any]]:
         "reward": [],
         "rollout_id": [],
     }
+    for name, per_sample in response_versions(samples).items():
+        columns[name] = [values.tolist() for values in per_sample]
     for sample in samples:
         part = split(sample)
         columns["prompt_ids"].append(part.prompt_ids.tolist())

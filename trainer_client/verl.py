@@ -5,7 +5,9 @@
 - `layout(samples)` and `data_proto(samples)`: a claimed batch as the `DataProto` verl's agent loop gives its
   trainer: `prompts` left-padded, `responses` right-padded (with `response_mask`: 0 on the environment's
   tokens and on padding), `input_ids`, `attention_mask`, `position_ids`, `rollout_log_probs` and `rm_scores`
-  (the reward on each response's last token), and per row `uid` (the GRPO group: verl's advantage estimators
+  (the reward on each response's last token), `token_versions` and, read with a current version,
+  `token_staleness` (each response token's version index and updates behind, -1 on the environment's tokens
+  and padding: `training_data.versions`), and per row `uid` (the GRPO group: verl's advantage estimators
   group by it), `rollout_id`, `__num_turns__` and `multi_modal_inputs`. verl's trainer then takes
   `rm_scores` as its token-level scores and computes its own advantages. Each chain of a rollout whose
   lineage is a tree (sub-agents, a compaction) is a row of its group with the rollout's reward: verl's GRPO,
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from training_data.samples import MergedSample, StepSample, split
+from training_data.samples import MergedSample, StepSample, response_versions, split
 
 if TYPE_CHECKING:
     from verl import DataProto
@@ -88,6 +90,11 @@ def layout(
         "rollout_log_probs": logprobs,
         "rm_scores": scores,
     }
+    for name, per_sample in response_versions(list(samples)).items():
+        padded = np.full((rows, width_r), -1, dtype=np.int64)
+        for row, values in enumerate(per_sample):
+            padded[row, : values.shape[0]] = values
+        tensors[name] = padded
     non_tensors = {
         "uid": _objects([sample.group_id for sample in samples]),
         "rollout_id": _objects([sample.rollout_id for sample in samples]),

@@ -17,6 +17,7 @@ merged or not.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -300,3 +301,15 @@ def split(sample: StepSample | MergedSample) -> Split:
     return Split(
         sample.input_ids[:cut], sample.input_ids[cut:], sample.loss_mask[cut:], sample.token_logprobs[cut:]
     )
+
+
+def response_versions(samples: Sequence[StepSample | MergedSample]) -> dict[str, list[np.ndarray]]:
+    """Per sample, the version index (`token_versions`) and, read with a current version, the staleness
+    (`token_staleness`) of each id after its prompt, as `split` cuts it (-1 on the environment's tokens):
+    each where every sample has it, for the trainers that take per-token columns."""
+    found: dict[str, list[np.ndarray]] = {}
+    for name in ("token_versions", "token_staleness"):
+        values = [getattr(sample, name) for sample in samples]
+        if values and all(v is not None for v in values):
+            found[name] = [v[sample.prompt_length :] for v, sample in zip(values, samples, strict=True)]
+    return found

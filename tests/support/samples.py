@@ -3,6 +3,7 @@ one builder of a step, and the rollouts several of them share."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -109,3 +110,20 @@ def sub_agents_and_compaction() -> list[StepSample]:
 
 def f32(rows: list[list[float]]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32)
+
+
+def versioned(steps: list[StepSample], current: int) -> list[StepSample]:
+    """`steps` with each completion token at the version its turn's `policy_version` names (a number) and its
+    staleness against `current`, as a trainer reading with `current_version` gets them."""
+    return [
+        dataclasses.replace(
+            s,
+            completion_versions=np.full(
+                s.completion_ids.shape[0], int(s.policy_version or 0), dtype=np.int32
+            ),
+            completion_staleness=np.full(
+                s.completion_ids.shape[0], current - int(s.policy_version or 0), dtype=np.int32
+            ),
+        )
+        for s in steps
+    ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from trainer_client.skyrl import generator_output
 from training_data.samples import merge_steps
 
-from support.samples import chain, step, sub_agents_and_compaction
+from support.samples import chain, step, sub_agents_and_compaction, versioned
 
 
 def test_a_merged_trajectory_is_one_row_with_the_environments_tokens_out_of_the_loss():
@@ -47,3 +47,12 @@ def test_a_tree_shaped_rollouts_chains_are_step_wise_rows_the_last_of_which_ends
     assert output["prompt_token_ids"] == [[1, 2], [7, 8], [9, 12]]
     assert output["loss_masks"] == [[1, 0, 1, 0, 1], [1, 0, 1], [1, 0, 1]]
     assert output["rewards"] == [1.0, 1.0, 1.0]
+
+
+def test_each_response_tokens_version_and_staleness_ride_along_with_the_environments_tokens_at_minus_one():
+    (merged,) = merge_steps(versioned(chain(), current=2))
+
+    output = generator_output([merged])
+
+    assert output["token_versions"] == [[0, 0, -1, -1, 0, -1, 1, 1]]
+    assert output["token_staleness"] == [[2, 2, -1, -1, 2, -1, 1, 1]]

@@ -10,7 +10,7 @@ import pytest
 from trainer_client.verl import layout
 from training_data.samples import merge_steps
 
-from support.samples import chain, step, sub_agents_and_compaction
+from support.samples import chain, step, sub_agents_and_compaction, versioned
 
 
 def batch() -> tuple[dict[str, list[list[float]]], dict[str, list[object]]]:
@@ -77,3 +77,25 @@ def test_each_chain_of_a_tree_shaped_rollout_is_a_row_of_its_group_with_the_roll
     assert tensors["prompts"].tolist() == [[1, 2], [7, 8], [9, 12]]
     assert tensors["response_mask"].tolist() == [[1, 0, 1, 0, 1], [1, 0, 1, 0, 0], [1, 0, 1, 0, 0]]
     assert tensors["rm_scores"].tolist() == [[0, 0, 0, 0, 1.0], [0, 0, 1.0, 0, 0], [0, 0, 1.0, 0, 0]]
+
+
+def test_each_response_tokens_version_and_staleness_are_tensors_padded_with_minus_one():
+    (merged,) = merge_steps(versioned(chain(), current=2))
+    (single,) = versioned([step(0, [7, 8], [9], [-0.75], policy_version="2")], current=2)
+
+    tensors, _ = layout([merged, single])
+
+    assert tensors["token_versions"].tolist() == [
+        [0, 0, -1, -1, 0, -1, 1, 1],
+        [2, -1, -1, -1, -1, -1, -1, -1],
+    ]
+    assert tensors["token_staleness"].tolist() == [
+        [2, 2, -1, -1, 2, -1, 1, 1],
+        [0, -1, -1, -1, -1, -1, -1, -1],
+    ]
+
+
+def test_samples_read_without_versions_add_no_version_tensors():
+    tensors, _ = batch()
+
+    assert "token_versions" not in tensors and "token_staleness" not in tensors
