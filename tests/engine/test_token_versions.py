@@ -2,7 +2,7 @@
 it from its wheel): a reply that spans a keep-mode weight update keeps two spans, the tokens before the split
 being the old weights' greedy reply and those after it what vLLM's generate endpoint samples (and reports as
 the new version's) after that prefix; every choice of n keeps its own; the agent's reply has no trace of the
-plugin; a server without it keeps no spans and says so."""
+plugin; the viewer marks the split; a server without it keeps no spans and says so."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from rollout_store.database import make_engine
 
 from support import TIMEOUT, admin, metric, stored_rollout, until, wait_for
+from support.browser import chromium, draw_every_token, page_for
 
 TOKENS = 500
 """Per call: the test's freeze lands a few tokens in (on a loaded machine too), the rest come from the new
@@ -124,6 +125,19 @@ def test_replies_that_span_a_keep_mode_update_keep_two_spans_split_where_the_wei
         engine.dispose()
     assert stored == turn_of(gateway, "streamed")["weight_versions"]
     assert [tuple(row) for row in rows] == [(s["version"], s["start"], s["end"]) for s in stored]
+    # The viewer marks where the new version took over, before that token.
+    with chromium() as browser:
+        page, blocked = page_for(browser, gateway.url)
+        page.goto(f"{gateway.url}/ui/rollouts/streamed")
+        page.wait_for_selector("li.turn")
+        draw_every_token(page, "#turns")
+        marker = page.locator("#turns .marker.version")
+        assert (marker.count(), marker.inner_text()) == (1, "version 1")
+        sampled_before = marker.evaluate(
+            "m => [...m.parentElement.children].slice(0, [...m.parentElement.children].indexOf(m))"
+            ".filter(e => e.classList.contains('m1')).length"
+        )
+        assert sampled_before == stored[0]["end"] and blocked == []
 
 
 async def whole(url: str, sampling: dict[str, Any]) -> dict[str, Any]:

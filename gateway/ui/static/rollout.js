@@ -103,7 +103,12 @@ function tokenView(turn, texts) {
       if (turn.splice) shown.push(el("span", { class: "marker splice", title: turn.splice }, "splice"));
     }
     ids.slice(boundary).forEach((id) => shown.push(token(id, texts[id], false)));
-    turn.completion_token_ids.forEach((id, i) => shown.push(token(id, texts[id], true, turn.completion_logprobs[i])));
+    // Where another weight version took over inside the reply (a keep-mode update): a marker before its first token.
+    const takesOver = new Map((turn.weight_versions || []).filter((span) => span.start > 0).map((span) => [span.start, span.version]));
+    turn.completion_token_ids.forEach((id, i) => {
+      if (takesOver.has(i)) shown.push(el("span", { class: "marker version", title: `sampled by weight version ${takesOver.get(i)} from here` }, `version ${takesOver.get(i)}`));
+      shown.push(token(id, texts[id], true, turn.completion_logprobs[i]));
+    });
     return shown;
   });
 }
@@ -123,6 +128,8 @@ function turnView(turn, texts) {
     fact("status", turn.status), fact("endpoint", turn.endpoint), fact("model", turn.model), fact("backend", turn.backend),
     fact("policy version", turn.policy_version === turn.policy_version_end ? turn.policy_version : `${turn.policy_version} → ${turn.policy_version_end}`),
     fact("adapter", turn.adapter),
+    fact("weight versions", turn.weight_versions && turn.weight_versions.length > 1
+      ? turn.weight_versions.map((span) => `${span.version}: tokens ${span.start}–${span.end}`).join(", ") : null),
     fact("parent", turn.parent_turn), fact("forked from", turn.forked_from), fact("moved off", turn.repinned_from),
     fact("prompt", `${turn.prompt_tokens} tokens`), fact("completion", `${turn.completion_tokens} tokens`),
     fact("finish", turn.finish_reason), fact("latency", `${fixed(turn.latency_s, 2)} s`),
