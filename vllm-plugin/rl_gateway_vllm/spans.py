@@ -38,25 +38,42 @@ def _collect(outputs: Any, base: int, extras: Extras) -> None:
 
 
 async def _chat_outputs(results: AsyncIterator[Any], extras: Extras) -> AsyncIterator[Any]:
-    async for result in results:
-        _collect(result.outputs, 0, extras)
-        yield result
+    try:
+        async for result in results:
+            _collect(result.outputs, 0, extras)
+            yield result
+    finally:
+        await _close(results)
 
 
 async def _completion_outputs(
     results: AsyncIterator[tuple[int, Any]], choices: int, extras: Extras
 ) -> AsyncIterator[tuple[int, Any]]:
     """Completions number a reply's choices across its prompts: prompt index times `n`, plus the output's."""
-    async for prompt, result in results:
-        _collect(result.outputs, prompt * choices, extras)
-        yield prompt, result
+    try:
+        async for prompt, result in results:
+            _collect(result.outputs, prompt * choices, extras)
+            yield prompt, result
+    finally:
+        await _close(results)
 
 
 async def _stream(chunks: AsyncIterator[str], extras: Extras) -> AsyncIterator[str]:
-    async for chunk in chunks:
-        if extras and _FINISHED in chunk and chunk.startswith(_DATA):
-            chunk = _with_extras(chunk, extras)
-        yield chunk
+    try:
+        async for chunk in chunks:
+            if extras and _FINISHED in chunk and chunk.startswith(_DATA):
+                chunk = _with_extras(chunk, extras)
+            yield chunk
+    finally:
+        await _close(chunks)
+
+
+async def _close(iterator: AsyncIterator[Any]) -> None:
+    """Close what a wrapper took over as soon as the wrapper is closed (a client that left): the engine
+    aborts the request then, as it does without the plugin, not whenever the collector finds it."""
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()
 
 
 def _with_extras(chunk: str, extras: Extras) -> str:
