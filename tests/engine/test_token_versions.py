@@ -14,6 +14,7 @@ import httpx
 import sqlalchemy as sa
 
 from rollout_store.database import make_engine
+from trainer_client import SampleOptions, TrainerClient
 
 from support import TIMEOUT, admin, metric, stored_rollout, until, wait_for
 from support.browser import chromium, draw_every_token, page_for
@@ -105,6 +106,15 @@ def test_replies_that_span_a_keep_mode_update_keep_two_spans_split_where_the_wei
         first, second = turn["weight_versions"]
         assert (first["version"], first["start"], second["version"], second["end"]) == ("0", 0, "1", TOKENS)
         assert first["end"] == second["start"]
+    # A trainer reads the same split: the tokens before it one update behind version 1, those after it none.
+    finished = httpx.post(f"{gateway.url}/rollouts/streamed/finish", json={"reward": 1.0}, timeout=TIMEOUT)
+    finished.raise_for_status()
+    with TrainerClient(db_url) as client:
+        samples = client.read(SampleOptions(current_version=1)).samples
+    (sample,) = [s for s in samples if s.rollout_id == "streamed"]
+    split = turn_of(gateway, "streamed")["weight_versions"][0]["end"]
+    assert sample.completion_versions.tolist() == [0] * split + [1] * (TOKENS - split)
+    assert sample.completion_staleness.tolist() == [1] * split + [0] * (TOKENS - split)
     # The agents got vLLM's replies as they are without the plugin.
     for reply in (streamed_text, str(whole_reply), str(sampled_reply)):
         assert "weight_versions" not in reply
