@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from training_data.samples import MergedSample, StepSample
+from training_data.samples import MergedSample, StepSample, per_token_versions
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: reading and exporting samples need none
     import torch
@@ -66,7 +66,7 @@ class Batch:
             for row, values in enumerate(teacher):
                 padded[row, : values.shape[0]] = values
             tensors["teacher_logprobs"] = torch.from_numpy(padded)
-        for name, per_sample in self._versions().items():
+        for name, per_sample in per_token_versions(self.samples).items():
             padded_versions = np.full((rows, width), -1, dtype=np.int64)
             for row, aligned in enumerate(per_sample):
                 padded_versions[row, : aligned.shape[0]] = aligned
@@ -106,18 +106,9 @@ class Batch:
         teacher = self._teacher_logprobs()
         if teacher is not None:
             tensors["teacher_logprobs"] = row(teacher, np.float32)
-        for name, values in self._versions().items():
+        for name, values in per_token_versions(self.samples).items():
             tensors[name] = row(values, np.int64)
         return tensors
-
-    def _versions(self) -> dict[str, list[np.ndarray]]:
-        """`token_versions` and `token_staleness` of every sample, where every sample has them."""
-        found = {}
-        for name in ("token_versions", "token_staleness"):
-            values = [getattr(s, name) for s in self.samples]
-            if values and all(v is not None for v in values):
-                found[name] = values
-        return found
 
     def _teacher_logprobs(self) -> list[np.ndarray] | None:
         """Each sample's teacher logprobs aligned with its `input_ids`; None when read without a teacher."""

@@ -303,13 +303,21 @@ def split(sample: StepSample | MergedSample) -> Split:
     )
 
 
-def response_versions(samples: Sequence[StepSample | MergedSample]) -> dict[str, list[np.ndarray]]:
+def per_token_versions(samples: Sequence[StepSample | MergedSample]) -> dict[str, list[np.ndarray]]:
     """Per sample, the version index (`token_versions`) and, read with a current version, the staleness
-    (`token_staleness`) of each id after its prompt, as `split` cuts it (-1 on the environment's tokens):
-    each where every sample has it, for the trainers that take per-token columns."""
+    (`token_staleness`) of each id, aligned with `input_ids`: each where every sample has it."""
     found: dict[str, list[np.ndarray]] = {}
     for name in ("token_versions", "token_staleness"):
         values = [getattr(sample, name) for sample in samples]
         if values and all(v is not None for v in values):
-            found[name] = [v[sample.prompt_length :] for v, sample in zip(values, samples, strict=True)]
+            found[name] = values
     return found
+
+
+def response_versions(samples: Sequence[StepSample | MergedSample]) -> dict[str, list[np.ndarray]]:
+    """`per_token_versions` of each id after its prompt, as `split` cuts it (-1 on the environment's tokens),
+    for the trainers that take per-token columns."""
+    return {
+        name: [v[sample.prompt_length :] for v, sample in zip(values, samples, strict=True)]
+        for name, values in per_token_versions(samples).items()
+    }

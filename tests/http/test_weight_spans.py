@@ -126,46 +126,29 @@ async def test_a_completions_reply_keeps_its_spans_and_the_agent_gets_none(gw):
     assert turn["weight_versions"] == [{"version": "0", "start": 0, "end": 2}]
 
 
+DIALECTS = {
+    "messages": {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]},
+    "responses": {"model": "tiny", "input": "Hi"},
+}
+
+
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_messages_agent_gets_no_spans_and_its_turn_keeps_them(gw, stream):
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+async def test_an_agent_of_another_dialect_gets_no_spans_and_its_turn_keeps_them(gw, dialect, stream):
+    spans = [{"version": "1", "start": 0, "end": 2}]
     reply = (
-        chat_stream([1, 2], [(5, "Hi"), (2, "")], spans=[{"version": "1", "start": 0, "end": 2}])
+        chat_stream([1, 2], [(5, "Hi"), (2, "")], spans=spans)
         if stream
-        else chat_reply([1, 2], [5, 2], "Hi", spans=[{"version": "1", "start": 0, "end": 2}])
+        else chat_reply([1, 2], [5, 2], "Hi", spans=spans)
     )
     gw.engine.answer("/v1/chat/completions", reply)
-    body = {
-        "model": "tiny",
-        "max_tokens": 8,
-        "stream": stream,
-        "messages": [{"role": "user", "content": "Hi"}],
-    }
 
-    answer = await gw.client.post("/rollouts/r1/v1/messages", json=body)
+    answer = await gw.client.post(f"/rollouts/r1/v1/{dialect}", json={**DIALECTS[dialect], "stream": stream})
 
     assert answer.status_code == 200
     assert b"weight_versions" not in answer.content
     (turn,) = (await gw.rollout("r1"))["turns"]
-    assert turn["weight_versions"] == [{"version": "1", "start": 0, "end": 2}]
-
-
-@pytest.mark.parametrize("stream", [False, True])
-async def test_a_responses_agent_gets_no_spans_and_its_turn_keeps_them(gw, stream):
-    reply = (
-        chat_stream([1, 2], [(5, "Hi"), (2, "")], spans=[{"version": "1", "start": 0, "end": 2}])
-        if stream
-        else chat_reply([1, 2], [5, 2], "Hi", spans=[{"version": "1", "start": 0, "end": 2}])
-    )
-    gw.engine.answer("/v1/chat/completions", reply)
-
-    answer = await gw.client.post(
-        "/rollouts/r1/v1/responses", json={"model": "tiny", "input": "Hi", "stream": stream}
-    )
-
-    assert answer.status_code == 200
-    assert b"weight_versions" not in answer.content
-    (turn,) = (await gw.rollout("r1"))["turns"]
-    assert turn["weight_versions"] == [{"version": "1", "start": 0, "end": 2}]
+    assert turn["weight_versions"] == spans
 
 
 def vllm_routes(plugin: tuple[int, bytes]) -> Any:
