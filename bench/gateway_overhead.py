@@ -295,13 +295,25 @@ def median_row(rows: list[Row]) -> Row:
     return statistics.median(p50), statistics.median(p99), statistics.median(rate)
 
 
+def load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `measure`: how long, how wide, and what makes the load."""
+    parser.add_argument("--requests", type=int, default=1000, help="sequential requests for the latency run")
+    parser.add_argument("--connections", type=int, default=32, help="concurrent connections for throughput")
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
+    parser.add_argument(
+        "--load",
+        choices=("client", "wrk"),
+        default="client",
+        help="the load generator: the bench's own Python client, or wrk (latency at one connection for "
+        "--seconds instead of --requests calls)",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--requests", type=int, default=1000, help="sequential requests for the latency run")
-    parser.add_argument("--connections", type=int, default=32, help="concurrent connections for throughput")
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
+    load_arguments(parser)
     parser.add_argument(
         "--workers", type=int, default=1, help="also measure PostgreSQL behind `gateway serve --workers N`"
     )
@@ -311,13 +323,6 @@ def main() -> int:
         help="compare HEAD with this commit, each run from the wheel built from its own tree, alternating",
     )
     parser.add_argument("--rounds", type=int, default=3, help="with --against: runs of each version")
-    parser.add_argument(
-        "--load",
-        choices=("client", "wrk"),
-        default="client",
-        help="the load generator: the bench's own Python client, or wrk (latency at one connection for "
-        "--seconds instead of --requests calls)",
-    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))

@@ -1,7 +1,7 @@
 """What a model call costs as the store grows: the gateway's latency and throughput (as
 bench/gateway_overhead.py measures them) on a store already holding 0, 100k and 1M turns.
 
-    python bench/store_growth.py [--sizes 0,100000,1000000] [--stores sqlite,postgresql]
+    python bench/store_growth.py [--sizes 0,100000,1000000] [--stores sqlite,postgresql] [--load wrk]
 
 The store is filled as the gateway fills it: its first turns are the gateway's own (rollouts of 20 calls
 against bench/fake_vllm.py, 3.2k prompt ids a turn), then copied under new rollout ids, doubling until the
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import fake_vllm
 import sqlalchemy as sa
-from gateway_overhead import Client, agent_body, measure, paths_for, postgres_schemas
+from gateway_overhead import Client, agent_body, load_arguments, measure, paths_for, postgres_schemas
 
 from rollout_store.database import ensure_schema, make_engine
 from rollout_store.schema import rollouts, turns
@@ -109,9 +109,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="0,100000,1000000", help="stored turns before each measure")
     parser.add_argument("--stores", default="sqlite,postgresql", help="the stores measured")
     parser.add_argument("--rounds", type=int, default=3, help="runs at each size, the sizes in turn")
-    parser.add_argument("--requests", type=int, default=1000, help="sequential requests for the latency run")
-    parser.add_argument("--connections", type=int, default=32, help="concurrent connections for throughput")
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
+    load_arguments(parser)
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
 
