@@ -66,10 +66,10 @@ class Batch:
             for row, values in enumerate(teacher):
                 padded[row, : values.shape[0]] = values
             tensors["teacher_logprobs"] = torch.from_numpy(padded)
-        for name, per_sample in per_token_versions(self.samples).items():
+        for name, placed in per_token_versions(self.samples).items():
             padded_versions = np.full((rows, width), -1, dtype=np.int64)
-            for row, aligned in enumerate(per_sample):
-                padded_versions[row, : aligned.shape[0]] = aligned
+            for row, (start, values) in enumerate(placed):
+                padded_versions[row, start : start + values.shape[0]] = values
             tensors[name] = torch.from_numpy(padded_versions)
         return tensors
 
@@ -106,8 +106,11 @@ class Batch:
         teacher = self._teacher_logprobs()
         if teacher is not None:
             tensors["teacher_logprobs"] = row(teacher, np.float32)
-        for name, values in per_token_versions(self.samples).items():
-            tensors[name] = row(values, np.int64)
+        for name, placed in per_token_versions(self.samples).items():
+            joined = np.full(total, -1, dtype=np.int64)
+            for first, (start, values) in zip(cu_seqlens[:-1].tolist(), placed, strict=True):
+                joined[first + start : first + start + values.shape[0]] = values
+            tensors[name] = torch.from_numpy(joined).unsqueeze(0)
         return tensors
 
     def _teacher_logprobs(self) -> list[np.ndarray] | None:

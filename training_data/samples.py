@@ -303,21 +303,35 @@ def split(sample: StepSample | MergedSample) -> Split:
     )
 
 
-def per_token_versions(samples: Sequence[StepSample | MergedSample]) -> dict[str, list[np.ndarray]]:
+def per_token_versions(
+    samples: Sequence[StepSample | MergedSample],
+) -> dict[str, list[tuple[int, np.ndarray]]]:
     """Per sample, the version index (`token_versions`) and, read with a current version, the staleness
-    (`token_staleness`) of each id, aligned with `input_ids`: each where every sample has it."""
-    found: dict[str, list[np.ndarray]] = {}
+    (`token_staleness`) of its sampled ids, each where every sample has it, as where they start in
+    `input_ids` and their values: -1 elsewhere. A step's start after its prompt (its completion's values are
+    not copied into an array as long as its prompt); a merged sample's cover its `input_ids`."""
+    found: dict[str, list[tuple[int, np.ndarray]]] = {}
     for name in ("token_versions", "token_staleness"):
-        values = [getattr(sample, name) for sample in samples]
-        if values and all(v is not None for v in values):
-            found[name] = values
+        placed = [_placed(sample, name) for sample in samples]
+        if placed and all(values is not None for _, values in placed):
+            found[name] = placed  # type: ignore[assignment]
     return found
+
+
+def _placed(sample: StepSample | MergedSample, name: str) -> tuple[int, np.ndarray | None]:
+    if isinstance(sample, StepSample):
+        values = sample.completion_versions if name == "token_versions" else sample.completion_staleness
+        return sample.prompt_ids.shape[0], values
+    return 0, getattr(sample, name)
 
 
 def response_versions(samples: Sequence[StepSample | MergedSample]) -> dict[str, list[np.ndarray]]:
     """`per_token_versions` of each id after its prompt, as `split` cuts it (-1 on the environment's tokens),
     for the trainers that take per-token columns."""
     return {
-        name: [v[sample.prompt_length :] for v, sample in zip(values, samples, strict=True)]
-        for name, values in per_token_versions(samples).items()
+        name: [
+            values[sample.prompt_length - start :]
+            for (start, values), sample in zip(placed, samples, strict=True)
+        ]
+        for name, placed in per_token_versions(samples).items()
     }
