@@ -114,6 +114,7 @@ waits on a clock rather than on work shows here (set-up and teardown included: a
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Any:
+    """Each test's `IDLE_SECONDS`."""
     began = time.monotonic()
     idle, total = cpu_times()
     result = yield

@@ -308,13 +308,14 @@ def per_token_versions(
 ) -> dict[str, list[tuple[int, np.ndarray]]]:
     """Per sample, the version index (`token_versions`) and, read with a current version, the staleness
     (`token_staleness`) of its sampled ids, each where every sample has it, as where they start in
-    `input_ids` and their values: -1 elsewhere. A step's start after its prompt (its completion's values are
+    `input_ids` and their values: -1 elsewhere. A step's values start after its prompt (its completion's are
     not copied into an array as long as its prompt); a merged sample's cover its `input_ids`."""
     found: dict[str, list[tuple[int, np.ndarray]]] = {}
     for name in ("token_versions", "token_staleness"):
         placed = [_placed(sample, name) for sample in samples]
-        if placed and all(values is not None for _, values in placed):
-            found[name] = placed  # type: ignore[assignment]
+        known = [(start, values) for start, values in placed if values is not None]
+        if known and len(known) == len(placed):
+            found[name] = known
     return found
 
 
