@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from support import TIMEOUT, VLLM_KEY, admin, stored_rollout, sync_agent
+from support import TIMEOUT, VLLM_KEY, admin, engine_metric, stored_rollout, sync_agent
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "min_tokens": 3}
 
@@ -67,8 +67,7 @@ def test_new_policy_version_stamps_the_turns_that_follow(fresh, rollout_id):
 
 def preemptions(vllm) -> float:
     """How many running requests vLLM has preempted (to compute them again) since it started."""
-    lines = httpx.get(f"{vllm.url}/metrics", timeout=TIMEOUT).text.splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith("vllm:num_preemptions_total"))
+    return engine_metric(vllm, "vllm:num_preemptions_total")
 
 
 @pytest.mark.parametrize("clear_cache", [True, False], ids=["cache cleared", "cache kept"])

@@ -26,7 +26,7 @@ from testbed.adapters import build_adapter
 from testbed.vllm_server import VLLMServer
 from trainer_client import GatewayAdmin
 
-from support import TIMEOUT, admin, scraped, stored_rollout, sync_agent, wait_for
+from support import TIMEOUT, admin, engine_metric, stored_rollout, sync_agent, wait_for
 from support.engines import SessionEngines
 
 HEALTH = ("--health-interval", "0.5")
@@ -138,10 +138,7 @@ def listed(server: VLLMServer) -> set[str]:
 
 def preemptions(server: VLLMServer) -> float:
     """vLLM's count of requests it preempted (its KV cache taken back mid-generation)."""
-    samples = scraped(httpx.get(f"{server.url}/metrics", timeout=TIMEOUT).text)
-    counted = [value for name, value in samples.items() if name.startswith("vllm:num_preemptions_total{")]
-    assert counted, "vLLM exports no vllm:num_preemptions_total"
-    return sum(counted)
+    return engine_metric(server, "vllm:num_preemptions_total")
 
 
 def streamed(gateway: Any, rollout_id: str) -> Iterator[Any]:

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from rollout_store.database import make_engine
 from trainer_client import SampleOptions, TrainerClient
 
-from support import TIMEOUT, admin, metric, stored_rollout, until, wait_for
+from support import TIMEOUT, admin, engine_metric, metric, stored_rollout, until, wait_for
 from support.browser import chromium, draw_every_token, page_for
 
 TOKENS = 500
@@ -75,7 +75,10 @@ def test_replies_that_span_a_keep_mode_update_keep_two_spans_split_where_the_wei
         # Every sequence past its first token (the replies the agent reads whole may start later than the
         # stream), then vLLM freezes them at once: the gateway's pause finds them mid-reply however slow the
         # machine.
-        await until(lambda: running(policy_vllm.url) == 4, "vLLM decoding all four sequences")
+        await until(
+            lambda: engine_metric(policy_vllm, "vllm:num_requests_running") == 4,
+            "vLLM decoding all four sequences (each choice of n is one)",
+        )
         httpx.post(f"{policy_vllm.url}/pause", params={"mode": "keep"}, timeout=TIMEOUT).raise_for_status()
         await until(lambda: in_flight(gateway, 3), "the three calls in flight")
         await asyncio.to_thread(update, gateway, policy_vllm.model_dir)
@@ -175,14 +178,6 @@ async def stream(url: str, first_chunks: asyncio.Event) -> str:
             if len(lines) > 20:  # ten chunks and the blank lines between them
                 first_chunks.set()
     return "\n".join(lines)
-
-
-def running(url: str) -> float:
-    """The sequences vLLM is decoding (its `vllm:num_requests_running`: each choice of n is one)."""
-    lines = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text.splitlines()
-    return sum(
-        float(line.rpartition(" ")[2]) for line in lines if line.startswith("vllm:num_requests_running")
-    )
 
 
 def generate(url: str, token_ids: list[int], tokens: int) -> dict[str, Any]:

@@ -250,6 +250,15 @@ def metric(gateway: Any, sample: str) -> float:
     return float(found.rpartition(" ")[2]) if found is not None else 0.0
 
 
+def engine_metric(server: Any, family: str) -> float:
+    """A vLLM server's samples named `family` in its /metrics, summed over their labels (vLLM labels each by
+    engine and model). A name the server does not export fails the test at once, as `metric` does."""
+    samples = scraped(httpx.get(f"{server.url}/metrics", timeout=TIMEOUT).text)
+    found = [value for name, value in samples.items() if name.partition("{")[0] == family]
+    assert found, f"vLLM exports no {family}"
+    return sum(found)
+
+
 def wait_for(condition: Callable[[], object], what: str = "the condition") -> None:
     """Return once `condition()` is true; fail after the suite's deadline."""
     deadline = time.monotonic() + DEADLINE
