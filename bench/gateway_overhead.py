@@ -157,20 +157,15 @@ WRK_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
 
 def wrk(port: int, target: str, body: bytes, connections: int, seconds: float) -> tuple[float, float, float]:
     """p50 ms, p99 ms and req/s of one wrk run; any non-2xx reply fails the run."""
-    work = Path(tempfile.mkdtemp(prefix="wrk-"))
-    (work / "body.json").write_bytes(body)
-    (work / "calls.lua").write_text(WRK_SCRIPT)
     duration = f"-d{max(1, round(seconds))}s"  # whole seconds only
-    command = ["wrk", f"-t{connections}", f"-c{connections}", duration, "--latency", "-s"]
-    command += [
-        str(work / "calls.lua"),
-        f"http://127.0.0.1:{port}",
-        "--",
-        str(work / "body.json"),
-        target,
-        str(TURNS_PER_ROLLOUT),
-    ]
-    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory(prefix="wrk-") as directory:
+        work = Path(directory)
+        (work / "body.json").write_bytes(body)
+        (work / "calls.lua").write_text(WRK_SCRIPT)
+        command = ["wrk", f"-t{connections}", f"-c{connections}", duration, "--latency", "-s"]
+        command += [str(work / "calls.lua"), f"http://127.0.0.1:{port}", "--", str(work / "body.json")]
+        command += [target, str(TURNS_PER_ROLLOUT)]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     if "Non-2xx" in out:
         raise RuntimeError(f"wrk saw failed calls:\n{out}")
     percentile = {
